@@ -1,0 +1,67 @@
+"""Thin gRPC layer of the scheduler: protobuf <-> domain, nothing else."""
+from __future__ import annotations
+
+import structlog
+
+from dspark.scheduler.engine import Engine
+from dspark.shared import pb
+from dspark.shared.config import SchedulerConfig
+from dspark.shared.logging import get_logger
+from dspark.shared.service import Service, request_id_from
+from dspark.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+SERVICE_NAME = "dspark.v1.Scheduler"
+log = get_logger(component="scheduler")
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def Submit(self, request, context):
+        rid = request.request_id or request_id_from(context)
+        structlog.contextvars.bind_contextvars(request_id=rid)
+        sampling = pb.sampling_from_pb(request.sampling)
+        prompt = list(request.prompt_token_ids)
+        log.info("request_received", prompt_tokens=len(prompt), max_tokens=sampling.max_tokens)
+        first = True
+        n_out = 0
+        async for out in self.engine.submit(rid, prompt, sampling):
+            n_out += len(out.new_token_ids)
+            resp = scheduler_pb2.SubmitResponse(
+                token_ids=out.new_token_ids, finish_reason=pb.finish_to_pb(out.finish_reason))
+            if first:
+                resp.num_prompt_tokens = len(prompt)
+                first = False
+            yield resp
+            if out.finished:
+                log.info("request_finished", reason=out.finish_reason.name, output_tokens=n_out)
+
+    async def Abort(self, request, context):
+        return scheduler_pb2.SchedulerAbortResponse(found=self.engine.abort(request.request_id))
+
+    async def GetLoad(self, request, context):
+        d = self.engine.load()
+        info = self.engine.info
+        return scheduler_pb2.GetLoadResponse(
+            num_waiting=d.get("num_waiting", 0), num_running=d.get("num_running", 0),
+            free_kv_blocks=d.get("free_kv_blocks", 0), total_kv_blocks=d.get("total_kv_blocks", 0),
+            outstanding_tokens=d.get("outstanding_tokens", 0),
+            model_name=info.model_name if info else "",
+            max_model_len=info.max_model_len if info else 0,
+            accepting=d["accepting"],
+        )
+
+
+async def serve(config: SchedulerConfig) -> None:
+    svc = Service(SERVICE_NAME, config.host, config.port)
+    svc.install_signal_handlers()
+    engine = Engine(config)
+    svc.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(engine),
+            [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name])
+    await svc.start()
+    await engine.start()
+    await svc.set_ready(True)
+    log.info("ready", address=svc.address, worker=config.worker)
+    await svc.run_until_stopped(on_drain=engine.drain)
+    await engine.close()

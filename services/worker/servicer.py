@@ -1,0 +1,78 @@
+"""Thin gRPC layer over the model runner: protobuf in, domain objects to the
+runner, protobuf out. Forwards run on one dedicated thread so that health
+checks and Info stay responsive while a step computes."""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+
+from dspark.shared import errors, pb
+from dspark.shared.config import WorkerConfig
+from dspark.shared.logging import get_logger
+from dspark.shared.service import Service
+from dspark.v1 import worker_pb2, worker_pb2_grpc
+
+SERVICE_NAME = "dspark.v1.Worker"
+log = get_logger(component="worker")
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, runner=None):
+        self.runner = runner  # None while the model loads: RPCs answer UNAVAILABLE
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+
+    def _require_runner(self):
+        if self.runner is None:
+            raise errors.Unavailable("worker is loading its model")
+        return self.runner
+
+    async def Info(self, request, context):
+        return pb.info_to_pb(self._require_runner().info())
+
+    async def Step(self, request, context):
+        self._require_runner()
+        plan = pb.step_from_pb(request)
+        loop = asyncio.get_running_loop()
+        for s in plan.seqs:
+            if s.start_position == 0:  # a request's first chunk reaches this worker
+                log.info("seq_started", request_id=s.request_id, step_id=plan.step_id)
+        out = await loop.run_in_executor(self._pool, self.runner.step, plan)
+        log.debug("step", step_id=plan.step_id, seqs=len(plan.seqs),
+                  tokens=sum(len(s.token_ids) for s in plan.seqs),
+                  forward_ms=round(out.forward_ms, 2),
+                  request_ids=[s.request_id for s in plan.seqs])
+        return pb.step_output_to_pb(out)
+
+    async def Release(self, request, context):
+        self._require_runner()
+        ids = list(request.request_ids)
+        log.info("seqs_released", request_ids=ids)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self.runner.release, ids)
+        return worker_pb2.ReleaseResponse()
+
+
+async def serve(config: WorkerConfig) -> None:
+    """Start the worker: bind first (liveness answers during loading), load the
+    model, warm up, then turn readiness on."""
+    from dspark.worker.runner import ModelRunner
+
+    svc = Service(SERVICE_NAME, config.host, config.port)
+    svc.install_signal_handlers()
+    servicer = WorkerServicer()
+    svc.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer,
+            [worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name])
+    await svc.start()
+    loop = asyncio.get_running_loop()
+    runner = await loop.run_in_executor(None, ModelRunner, config)
+    await loop.run_in_executor(None, runner.warmup)
+    servicer.runner = runner
+    info = runner.info()
+    structlog.contextvars.bind_contextvars(service="worker")
+    log.info("ready", model=info.model_name, dtype=info.dtype, device=info.device,
+             kv_blocks=info.num_kv_blocks, block_size=info.block_size,
+             max_model_len=info.max_model_len)
+    await svc.set_ready(True)
+    await svc.run_until_stopped()

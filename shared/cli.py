@@ -1,0 +1,195 @@
+"""The `dspark` command line: serve, generate, model prepare, the three
+services one by one, and bench."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import typing
+
+from dspark.shared.config import (
+    DEFAULT_HOST,
+    DEFAULT_ROUTER_PORT,
+    RouterConfig,
+    SchedulerConfig,
+    WorkerConfig,
+)
+
+
+# --- dataclass <-> argparse ---------------------------------------------------
+
+def add_config_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+    """One --flag per field of a config dataclass (help from the default)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        tp = hints[f.name]
+        if isinstance(default, tuple):
+            item = int if default and isinstance(default[0], int) else str
+            if "int" in str(tp):
+                item = int
+            parser.add_argument(flag, dest=f.name, nargs="+", type=item, default=None,
+                                help=f"(default: {' '.join(map(str, default)) or 'none'})")
+        elif isinstance(default, bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=f"(default: {default})")
+        else:
+            parser.add_argument(flag, dest=f.name, type=type(default), default=None,
+                                help=f"(default: {default!r})")
+
+
+def config_from_args(cls, args: argparse.Namespace, **overrides):
+    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+          if getattr(args, f.name, None) is not None}
+    kw.update(overrides)
+    return cls(**kw)
+
+
+# --- subcommands --------------------------------------------------------------
+
+def _run_async(coro) -> int:
+    try:
+        asyncio.run(coro)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from dspark.shared.logging import configure
+    from dspark.worker.servicer import serve
+
+    configure("worker", args.log_level)
+    return _run_async(serve(config_from_args(WorkerConfig, args)))
+
+
+def cmd_scheduler(args) -> int:
+    from dspark.scheduler.servicer import serve
+    from dspark.shared.logging import configure
+
+    configure("scheduler", args.log_level)
+    return _run_async(serve(config_from_args(SchedulerConfig, args)))
+
+
+def cmd_router(args) -> int:
+    from dspark.router.servicer import serve
+    from dspark.shared.logging import configure
+
+    configure("router", args.log_level)
+    return _run_async(serve(config_from_args(RouterConfig, args)))
+
+
+def cmd_model_prepare(args) -> int:
+    from dspark.worker.convert import prepare_default_model
+
+    path = prepare_default_model(args.dest)
+    print(path)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from dspark.shared.launcher import serve_all
+
+    return serve_all(args)
+
+
+def cmd_generate(args) -> int:
+    from dspark.shared.client import Client
+    from dspark.shared.errors import DSparkError
+
+    messages = [{"role": "user", "content": args.prompt}] if args.chat else None
+    try:
+        with Client(args.router, timeout=args.timeout) as client:
+            stream = client.stream(
+                prompt=None if args.chat else args.prompt, messages=messages,
+                max_tokens=args.max_tokens, temperature=args.temperature,
+                top_p=args.top_p, top_k=args.top_k, seed=args.seed, model=args.model)
+            for chunk in stream:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+        sys.stdout.write("\n")
+    except DSparkError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from dspark.shared.bench import main as bench_main
+
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dspark", description="DSpark speculative decoding server")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="start router + scheduler + worker on loopback")
+    add_config_args(s, WorkerConfig, skip=("host", "port"))
+    s.add_argument("--replicas", type=int, default=1, help="scheduler+worker pairs (default 1)")
+    s.add_argument("--router-port", type=int, default=DEFAULT_ROUTER_PORT)
+    s.add_argument("--base-port", type=int, default=DEFAULT_ROUTER_PORT + 1,
+                   help="first port for schedulers and workers (default 50052)")
+    s.add_argument("--host", default=DEFAULT_HOST)
+    s.add_argument("--max-num-seqs", type=int, default=None)
+    s.add_argument("--max-num-batched-tokens", type=int, default=None)
+    s.add_argument("--log-dir", default=None, help="write each service's log to a file here")
+    s.add_argument("--log-level", default="INFO")
+    s.set_defaults(fn=cmd_serve)
+
+    g = sub.add_parser("generate", help="send one prompt to a running router, print the text")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user chat message")
+    g.add_argument("--max-tokens", type=int, default=None)
+    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--model", default="")
+    g.add_argument("--router", default=f"{DEFAULT_HOST}:{DEFAULT_ROUTER_PORT}")
+    g.add_argument("--timeout", type=float, default=None, help="seconds")
+    g.set_defaults(fn=cmd_generate)
+
+    m = sub.add_parser("model", help="model management")
+    msub = m.add_subparsers(dest="model_cmd", required=True)
+    mp = msub.add_parser("prepare", help="convert the default model (offline, idempotent)")
+    mp.add_argument("--dest", default=None, help="output directory (default: the cache)")
+    mp.set_defaults(fn=cmd_model_prepare)
+
+    for name, cls, fn in (("worker", WorkerConfig, cmd_worker),
+                          ("scheduler", SchedulerConfig, cmd_scheduler),
+                          ("router", RouterConfig, cmd_router)):
+        sp = sub.add_parser(name, help=f"run the {name} service alone")
+        add_config_args(sp, cls)
+        sp.add_argument("--log-level", default="INFO")
+        sp.set_defaults(fn=fn)
+
+    b = sub.add_parser("bench", help="benchmark against transformers generate()")
+    b.add_argument("--json", default=None, help="write the results here")
+    b.add_argument("--num-prompts", type=int, default=8)
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--dtype", default="auto")
+    b.add_argument("--plot", default=None, help="PNG path (default: beside the JSON)")
+    b.add_argument("--batch1-prompts", type=int, default=4, help="prompts timed at batch 1")
+    b.add_argument("--port", type=int, default=50151, help="first port the bench may use")
+    b.add_argument("--memory-check", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run 32 concurrent ~2k-token requests and report peak RSS")
+    b.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args) or 0
+    except ValueError as e:  # config validation
+        print(f"dspark {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Validated configuration, one dataclass per concern.
+
+A bad value raises ``ValueError`` naming the field and the value. Nothing here
+reads the environment at import time.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_ROUTER_PORT = 50051
+DEFAULT_SCHEDULER_PORT = 50052
+DEFAULT_WORKER_PORT = 50053
+DEFAULT_HOST = "127.0.0.1"
+
+
+def cache_dir() -> Path:
+    """Where prepared models live: $DSPARK_CACHE or ~/.cache/dspark."""
+    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark"))
+
+
+def default_model_dir() -> Path:
+    return cache_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+def _check(cond: bool, name: str, value, limit: str) -> None:
+    if not cond:
+        raise ValueError(f"{name}={value!r} is invalid: must be {limit}")
+
+
+@dataclass
+class WorkerConfig:
+    """The model runtime of one worker."""
+
+    model: str = ""  # checkpoint directory; "" = the prepared default model
+    dtype: str = "auto"  # auto (bf16 where the CPU supports it) | bfloat16 | float32
+    device: str = "cpu"  # cpu | cuda | npu
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int = 0  # 0 = size from kv_cache_gib
+    kv_cache_gib: float = 1.6  # 32 x 2k tokens of the default model in bf16
+    max_model_len: int = 0  # 0 = the model's context length
+    tap_layer_ids: tuple[int, ...] = (8, 16, 24)  # hidden states captured as tap rows
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_WORKER_PORT
+    num_threads: int = 0  # torch intra-op threads; 0 = torch's default
+
+    def __post_init__(self) -> None:
+        _check(self.dtype in ("auto", "bfloat16", "float32"), "dtype", self.dtype,
+               "one of auto, bfloat16, float32")
+        _check(self.device in ("cpu", "cuda", "npu"), "device", self.device,
+               "one of cpu, cuda, npu")
+        _check(self.block_size in (8, 16, 32, 64, 128), "block_size", self.block_size,
+               "one of 8, 16, 32, 64, 128")
+        _check(self.num_kv_blocks >= 0, "num_kv_blocks", self.num_kv_blocks, ">= 0")
+        _check(self.kv_cache_gib > 0, "kv_cache_gib", self.kv_cache_gib, "> 0")
+        _check(self.max_model_len >= 0, "max_model_len", self.max_model_len, ">= 0")
+        _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
+        _check(self.num_threads >= 0, "num_threads", self.num_threads, ">= 0")
+        self.tap_layer_ids = tuple(int(x) for x in self.tap_layer_ids)
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(self.model) if self.model else default_model_dir()
+
+
+@dataclass
+class SchedulerConfig:
+    """Continuous batching of one model replica."""
+
+    worker: str = f"{DEFAULT_HOST}:{DEFAULT_WORKER_PORT}"
+    max_num_batched_tokens: int = 512  # token budget of one step
+    max_num_seqs: int = 64  # running requests at most
+    max_waiting: int = 1024  # queued requests beyond which Submit is refused
+    worker_retry_s: float = 30.0  # how long to wait for a lost worker before failing requests
+    step_timeout_s: float = 120.0  # a step slower than this counts as a lost worker
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_SCHEDULER_PORT
+
+    def __post_init__(self) -> None:
+        _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
+               self.max_num_batched_tokens, ">= 1")
+        _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, ">= 1")
+        _check(self.max_waiting >= 1, "max_waiting", self.max_waiting, ">= 1")
+        _check(self.worker_retry_s >= 0, "worker_retry_s", self.worker_retry_s, ">= 0")
+        _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
+
+
+@dataclass
+class RouterConfig:
+    """The public gateway."""
+
+    schedulers: tuple[str, ...] = (f"{DEFAULT_HOST}:{DEFAULT_SCHEDULER_PORT}",)
+    model: str = ""  # tokenizer/template directory; "" = the prepared default model
+    model_name: str = ""  # name clients use; "" = the worker's model name
+    default_max_tokens: int = 256
+    max_tokens_limit: int = 4096
+    max_message_chars: int = 100_000  # per chat message / prompt
+    max_messages: int = 256
+    max_stop_strings: int = 16  # SamplingParams.stop entries per request
+    max_stop_chars: int = 256  # length of one stop string
+    max_stop_token_ids: int = 64  # SamplingParams.stop_token_ids entries per request
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_ROUTER_PORT
+
+    def __post_init__(self) -> None:
+        self.schedulers = tuple(self.schedulers)
+        _check(len(self.schedulers) >= 1, "schedulers", self.schedulers, "at least one address")
+        _check(self.default_max_tokens >= 1, "default_max_tokens", self.default_max_tokens, ">= 1")
+        _check(self.max_tokens_limit >= self.default_max_tokens, "max_tokens_limit",
+               self.max_tokens_limit, ">= default_max_tokens")
+        _check(self.max_message_chars >= 1, "max_message_chars", self.max_message_chars, ">= 1")
+        _check(self.max_messages >= 1, "max_messages", self.max_messages, ">= 1")
+        _check(self.max_stop_strings >= 0, "max_stop_strings", self.max_stop_strings, ">= 0")
+        _check(self.max_stop_chars >= 1, "max_stop_chars", self.max_stop_chars, ">= 1")
+        _check(self.max_stop_token_ids >= 0, "max_stop_token_ids", self.max_stop_token_ids, ">= 0")
+        _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(self.model) if self.model else default_model_dir()

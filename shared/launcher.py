@@ -1,0 +1,165 @@
+"""`dspark serve`: start workers, schedulers and the router as separate
+processes on loopback, wait until the router is ready, print the endpoints,
+and stop everything cleanly on Ctrl-C / SIGTERM."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+@dataclass
+class Cluster:
+    """A set of service processes started together."""
+
+    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    router: str = ""
+    schedulers: list[str] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM in dependency order (router first), then wait, then kill."""
+        for _, p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for _, p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def check_alive(self) -> None:
+        for name, p in self.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {p.returncode}")
+
+
+def wait_ready(address: str, service: str, timeout_s: float, cluster: Cluster | None = None) -> None:
+    """Poll grpc.health.v1 readiness of `service` at `address`."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            if cluster is not None:
+                cluster.check_alive()
+            try:
+                r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError(f"{service} at {address} not ready after {timeout_s:.0f}s")
+
+
+def _spawn(name: str, argv: list[str], log_dir: Path | None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "dspark.shared.cli", *argv]
+    out = None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(log_dir / f"{name}.log", "ab")
+    # Own process group: Ctrl-C in the terminal reaches us, and we stop the
+    # children in order instead of all at once.
+    return subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
+
+
+def start_cluster(*, replicas: int = 1, host: str = "127.0.0.1", router_port: int = 50051,
+                  base_port: int = 50052, worker_args: list[str] = (),
+                  scheduler_args: list[str] = (), router_args: list[str] = (),
+                  log_dir: Path | None = None, log_level: str = "INFO",
+                  timeout_s: float = 600.0) -> Cluster:
+    """Start `replicas` worker+scheduler pairs and one router; return when the
+    router is ready (or raise, after stopping what was started)."""
+    c = Cluster(router=f"{host}:{router_port}")
+    try:
+        for i in range(replicas):
+            wport, sport = base_port + 2 * i + 1, base_port + 2 * i
+            waddr, saddr = f"{host}:{wport}", f"{host}:{sport}"
+            c.procs.append((f"worker-{i}", _spawn(f"worker-{i}", [
+                "worker", "--host", host, "--port", str(wport), "--log-level", log_level,
+                *worker_args], log_dir)))
+            c.procs.append((f"scheduler-{i}", _spawn(f"scheduler-{i}", [
+                "scheduler", "--host", host, "--port", str(sport), "--worker", waddr,
+                "--log-level", log_level, *scheduler_args], log_dir)))
+            c.workers.append(waddr)
+            c.schedulers.append(saddr)
+        c.procs.insert(0, ("router", _spawn("router", [
+            "router", "--host", host, "--port", str(router_port), "--schedulers", *c.schedulers,
+            "--log-level", log_level, *router_args], log_dir)))
+        wait_ready(c.router, "dspark.v1.Router", timeout_s, c)
+        return c
+    except BaseException:
+        c.stop()
+        raise
+
+
+def serve_all(args) -> int:
+    """The body of `dspark serve`."""
+    from dspark.shared.config import WorkerConfig
+
+    wargs: list[str] = []
+    for f in WorkerConfig.__dataclass_fields__:
+        v = getattr(args, f, None)
+        if v is None or f in ("host", "port"):
+            continue
+        flag = "--" + f.replace("_", "-")
+        if isinstance(v, (list, tuple)):
+            wargs += [flag, *map(str, v)]
+        elif isinstance(v, bool):
+            wargs += [flag if v else "--no-" + f.replace("_", "-")]
+        else:
+            wargs += [flag, str(v)]
+    sargs: list[str] = []
+    if args.max_num_seqs is not None:
+        sargs += ["--max-num-seqs", str(args.max_num_seqs)]
+    if args.max_num_batched_tokens is not None:
+        sargs += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    # Prepare the default model once here, not in each worker.
+    if not getattr(args, "model", None):
+        from dspark.worker.convert import prepare_default_model
+
+        prepare_default_model()
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    print(f"starting {args.replicas} worker(s), scheduler(s) and the router ...", file=sys.stderr)
+    stop = {"flag": False}
+
+    def _on_signal(signum, frame):
+        stop["flag"] = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        cluster = start_cluster(replicas=args.replicas, host=args.host,
+                                router_port=args.router_port, base_port=args.base_port,
+                                worker_args=wargs, scheduler_args=sargs, log_dir=log_dir,
+                                log_level=args.log_level)
+    except (RuntimeError, TimeoutError) as e:
+        print(f"dspark serve: {e}", file=sys.stderr)
+        return 1
+    print("\nDSpark is serving.", flush=True)
+    print(f"  router (public gRPC API): {cluster.router}")
+    for s, w in zip(cluster.schedulers, cluster.workers):
+        print(f"  scheduler: {s}   worker: {w}")
+    print(f'\nTry:  dspark generate --prompt "What is speculative decoding?" --chat '
+          f'--router {cluster.router}')
+    print("Stop: Ctrl-C\n", flush=True)
+    try:
+        while not stop["flag"]:
+            cluster.check_alive()
+            time.sleep(0.5)
+    except RuntimeError as e:
+        print(f"dspark serve: {e}; stopping", file=sys.stderr)
+    finally:
+        print("stopping ...", file=sys.stderr)
+        cluster.stop()
+        print("stopped", file=sys.stderr)
+    return 0

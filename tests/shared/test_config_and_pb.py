@@ -1,0 +1,79 @@
+"""Config validation names the field; protobuf conversions round-trip."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark.shared import pb
+from dspark.shared.cli import build_parser, config_from_args
+from dspark.shared.config import RouterConfig, SchedulerConfig, WorkerConfig
+from dspark.shared.types import SamplingParams, SeqOutput, SeqStep, StepOutput, StepPlan, WorkerInfo
+
+
+@pytest.mark.parametrize("cls,kw,field", [
+    (WorkerConfig, dict(dtype="fp8"), "dtype"),
+    (WorkerConfig, dict(device="tpu"), "device"),
+    (WorkerConfig, dict(block_size=7), "block_size"),
+    (WorkerConfig, dict(kv_cache_gib=0), "kv_cache_gib"),
+    (WorkerConfig, dict(port=70000), "port"),
+    (SchedulerConfig, dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
+    (SchedulerConfig, dict(max_num_seqs=0), "max_num_seqs"),
+    (SchedulerConfig, dict(max_waiting=0), "max_waiting"),
+    (RouterConfig, dict(schedulers=()), "schedulers"),
+    (RouterConfig, dict(default_max_tokens=0), "default_max_tokens"),
+    (RouterConfig, dict(max_tokens_limit=10, default_max_tokens=20), "max_tokens_limit"),
+])
+def test_bad_config_names_the_field(cls, kw, field):
+    with pytest.raises(ValueError, match=field):
+        cls(**kw)
+
+
+def test_cli_flags_build_configs():
+    args = build_parser().parse_args(
+        ["worker", "--dtype", "float32", "--tap-layer-ids", "3", "5", "--num-kv-blocks", "64"])
+    cfg = config_from_args(WorkerConfig, args)
+    assert (cfg.dtype, cfg.tap_layer_ids, cfg.num_kv_blocks) == ("float32", (3, 5), 64)
+    args = build_parser().parse_args(["router", "--schedulers", "a:1", "b:2"])
+    assert config_from_args(RouterConfig, args).schedulers == ("a:1", "b:2")
+
+
+def test_cli_rejects_bad_config_with_exit_code_2(capsys):
+    from dspark.shared.cli import main
+
+    assert main(["scheduler", "--max-num-seqs", "0"]) == 2
+    assert "max_num_seqs" in capsys.readouterr().err
+
+
+def test_sampling_round_trip():
+    p = SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=2**62 + 3, max_tokens=17,
+                       stop_token_ids=(5, 6), stop=("\n\n",), ignore_eos=True)
+    q = pb.sampling_from_pb(pb.sampling_to_pb(p))
+    assert q.top_k == 40 and q.seed == 2**62 + 3 and q.max_tokens == 17
+    assert q.stop_token_ids == (5, 6) and q.stop == ("\n\n",) and q.ignore_eos
+    assert q.temperature == pytest.approx(0.7) and q.top_p == pytest.approx(0.9)
+
+
+def test_unset_sampling_fields_take_defaults():
+    from dspark.v1 import common_pb2
+
+    q = pb.sampling_from_pb(common_pb2.SamplingParams())
+    assert q == SamplingParams()
+
+
+def test_step_round_trip_with_tap_rows():
+    plan = StepPlan(step_id=9, seqs=[
+        SeqStep("a", [1, 2, 3], 0, [4, 7], True, 0.5, 0.75, 3, 11, True),
+        SeqStep("b", [8], 40, [1, 2, 3], False)])
+    assert pb.step_from_pb(pb.step_to_pb(plan)) == plan
+    taps = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = StepOutput(step_id=9, outputs=[SeqOutput("a", 5, -0.25, 3, taps), SeqOutput("b")],
+                     forward_ms=1.5)
+    back = pb.step_output_from_pb(pb.step_output_to_pb(out))
+    assert back.outputs[0].token_id == 5 and back.outputs[0].num_tap_rows == 3
+    np.testing.assert_array_equal(back.outputs[0].tap_rows, taps)
+    assert back.outputs[1].tap_rows is None and back.outputs[1].token_id == -1
+
+
+def test_worker_info_round_trip():
+    info = WorkerInfo("m", "id", 100, 8, 2, 64, 16, 512, (2, 3), "float32", "cpu", (0, 1))
+    assert pb.info_from_pb(pb.info_to_pb(info)) == info
