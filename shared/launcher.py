@@ -61,6 +61,14 @@ def wait_ready(address: str, service: str, timeout_s: float, cluster: Cluster | 
     raise TimeoutError(f"{service} at {address} not ready after {timeout_s:.0f}s")
 
 
+def _router_replicas(address: str) -> int:
+    from dspark.v1 import router_pb2, router_pb2_grpc
+
+    with grpc.insecure_channel(address) as ch:
+        models = router_pb2_grpc.RouterStub(ch).ListModels(router_pb2.ListModelsRequest(), timeout=5)
+    return max((m.num_replicas for m in models.models), default=0)
+
+
 def _spawn(name: str, argv: list[str], log_dir: Path | None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "dspark.shared.cli", *argv]
     out = None
@@ -95,7 +103,14 @@ def start_cluster(*, replicas: int = 1, host: str = "127.0.0.1", router_port: in
         c.procs.insert(0, ("router", _spawn("router", [
             "router", "--host", host, "--port", str(router_port), "--schedulers", *c.schedulers,
             "--log-level", log_level, *router_args], log_dir)))
+        # Every replica ready (not just the first), then the router.
+        for addr in c.schedulers:
+            wait_ready(addr, "dspark.v1.Scheduler", timeout_s, c)
         wait_ready(c.router, "dspark.v1.Router", timeout_s, c)
+        for _ in range(50):  # the router has seen every replica
+            if _router_replicas(c.router) >= replicas:
+                break
+            time.sleep(0.1)
         return c
     except BaseException:
         c.stop()

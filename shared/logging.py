@@ -23,11 +23,16 @@ def configure(service: str, level: str = "INFO", json: bool = True) -> structlog
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    return structlog.get_logger().bind(service=service)
+    # Every event of this process carries the service name (asyncio tasks
+    # inherit the context they were created in).
+    structlog.contextvars.bind_contextvars(service=service)
+    return structlog.get_logger()
 
 
 def get_logger(**kw) -> structlog.BoundLogger:
-    return structlog.get_logger().bind(**kw)
+    """A lazy logger: safe at import time, configured by `configure` later
+    (binding eagerly would freeze structlog's default configuration)."""
+    return structlog.get_logger(**kw)
 
 
 # gRPC metadata key carrying the request id from router to scheduler to worker.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-import structlog
 
 from dspark.shared import errors, pb
 from dspark.shared.config import WorkerConfig
@@ -70,7 +69,6 @@ async def serve(config: WorkerConfig) -> None:
     await loop.run_in_executor(None, runner.warmup)
     servicer.runner = runner
     info = runner.info()
-    structlog.contextvars.bind_contextvars(service="worker")
     log.info("ready", model=info.model_name, dtype=info.dtype, device=info.device,
              kv_blocks=info.num_kv_blocks, block_size=info.block_size,
              max_model_len=info.max_model_len)
