@@ -229,3 +229,25 @@ def test_logs_carry_request_id_from_router_to_worker(client, cluster):
     assert '"request_id": "trace-me-42"' in sched_logs
     worker_logs = "".join((cluster.log_dir / f"worker-{i}.log").read_text() for i in range(2))
     assert '"request_id": "trace-me-42"' in worker_logs
+
+
+def test_async_client_streams_and_cancels(cluster):
+    import asyncio
+
+    from dspark.shared.client import AsyncClient
+
+    async def main():
+        async with AsyncClient(cluster.router, timeout=120) as client:
+            out = await client.generate(prompt="The capital of France is", max_tokens=8,
+                                        temperature=0)
+            assert "Paris" in out.text
+            n = 0
+            async for chunk in client.stream(prompt="Tell me a long story.", max_tokens=300,
+                                             ignore_eos=True):
+                n += len(chunk.token_ids)
+                if n >= 3:
+                    break  # leaving the loop cancels the RPC
+            return n
+
+    assert asyncio.run(main()) >= 3
+    assert_all_blocks_free(cluster)

@@ -1,0 +1,278 @@
+"""ModelRunner: executes one StepPlan (one batched target forward) on a device.
+
+It owns the weights, the paged KV pool and per-request tap-row buffers; it keeps
+no scheduling policy: block ids, positions and what to sample all come from the
+plan. Sampling position convention: the token sampled from a sequence's last row
+is at position ``start_position + len(token_ids)``, and its noise is a pure
+function of (seed, that position).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark.shared.config import WorkerConfig
+from dspark.shared.types import SeqOutput, SeqStep, StepOutput, StepPlan, WorkerInfo
+
+from .model.kv_cache import PagedKVCache, build_metadata
+from .model.llama import Llama, load_llama
+from .sampler import RowParams, sample
+
+TAP_TAIL = 128  # positions of tap rows kept per request (the drafter's window)
+
+
+def _cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        raise RuntimeError("device cuda requested but torch.cuda.is_available() is False "
+                           f"(torch {torch.__version__}, built with CUDA {torch.version.cuda})")
+    return torch.device("cuda")
+
+
+def _npu() -> torch.device:
+    try:
+        import torch_npu  # noqa: F401  (registers the npu device)
+    except ImportError as e:
+        raise RuntimeError("device npu requested but torch_npu is not installed: "
+                           "pip install dspark-serve[npu]") from e
+    if not torch.npu.is_available():  # type: ignore[attr-defined]
+        raise RuntimeError("device npu requested but no NPU is available")
+    return torch.device("npu")
+
+
+DEVICES = {"cpu": lambda: torch.device("cpu"), "cuda": _cuda, "npu": _npu}
+
+
+def resolve_device(name: str) -> torch.device:
+    try:
+        return DEVICES[name]()
+    except KeyError:
+        raise ValueError(f"device={name!r} is invalid: must be one of {sorted(DEVICES)}") from None
+
+
+def cpu_supports_bf16() -> bool:
+    """AVX512-BF16/AMX CPUs run bf16 matmuls natively; elsewhere they are emulated."""
+    try:
+        if "AVX512" not in torch.backends.cpu.get_cpu_capability():
+            return False
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        return False
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    if device.type != "cpu" or cpu_supports_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """Cheap content id: config.json bytes + each safetensors file's size and header."""
+    h = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            h.update(f.name.encode() + f.stat().st_size.to_bytes(8, "little") + fh.read(n))
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class _TapBuffer:
+    """Per request: the latest step's tap rows and a tail of the last TAP_TAIL positions."""
+
+    last: torch.Tensor  # [n_rows, m*d]
+    tail: torch.Tensor  # [<= TAP_TAIL, m*d]
+    tail_start: int  # position of tail[0]
+
+
+class ModelRunner:
+    """Loads the model and runs steps. Not thread-safe: one step at a time."""
+
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.model_dir = config.model_dir
+        if not (self.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"no config.json in model dir {self.model_dir} "
+                                    "(run `dspark model prepare` for the default model)")
+        hf_cfg = json.loads((self.model_dir / "config.json").read_text())
+        ctx = int(hf_cfg.get("max_position_embeddings", 2048))
+        if config.max_model_len > ctx:
+            raise ValueError(f"max_model_len={config.max_model_len} is invalid: must be "
+                             f"<= the model's max_position_embeddings ({ctx})")
+        self.max_model_len = config.max_model_len or ctx
+        self.model: Llama = load_llama(self.model_dir, self.dtype, self.device,
+                                       self.max_model_len)
+        a = self.model.args
+        self.tap_layers = validate_tap_layers(config.tap_layer_ids, a.num_layers)
+        self.block_size = config.block_size
+        per_block = PagedKVCache.bytes_per_block(a.num_layers, self.block_size,
+                                                 a.num_kv_heads, a.head_dim, self.dtype)
+        num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 // per_block)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_gib={config.kv_cache_gib} is invalid: "
+                             f"too small for one KV block ({per_block} bytes)")
+        self.kv = PagedKVCache(a.num_layers, num_blocks, self.block_size, a.num_kv_heads,
+                               a.head_dim, self.dtype, self.device)
+        self.model_id = model_fingerprint(self.model_dir)
+        self._taps: dict[str, _TapBuffer] = {}
+
+    # ------------------------------------------------------------------ info
+    def info(self) -> WorkerInfo:
+        a = self.model.args
+        eos = a.eos_token_ids
+        gen = self.model_dir / "generation_config.json"
+        if gen.is_file():
+            e = json.loads(gen.read_text()).get("eos_token_id")
+            if e is not None:
+                eos = tuple(e) if isinstance(e, list) else (int(e),)
+        return WorkerInfo(
+            model_name=self.model_dir.name, model_id=self.model_id,
+            vocab_size=a.vocab_size, hidden_size=a.hidden_size, num_layers=a.num_layers,
+            num_kv_blocks=self.kv.num_blocks, block_size=self.block_size,
+            max_model_len=self.max_model_len, eos_token_ids=tuple(int(x) for x in eos),
+            dtype=str(self.dtype).removeprefix("torch."), device=self.device.type,
+            tap_layer_ids=self.tap_layers)
+
+    def warmup(self) -> None:
+        """One small prefill + decode forward on scratch block 0, then forget it."""
+        n = min(4, self.max_model_len - 1, self.block_size - 1)
+        ids = [0] * max(n, 1)
+        self.step(StepPlan(-1, [SeqStep("__warmup__", ids, 0, [0], sample=True)]))
+        self.step(StepPlan(-1, [SeqStep("__warmup__", [0], len(ids), [0], sample=True)]))
+        self.release(["__warmup__"])
+
+    def release(self, request_ids) -> None:
+        for rid in request_ids:
+            self._taps.pop(rid, None)
+
+    def last_tap_rows(self, request_id: str) -> torch.Tensor | None:
+        """The latest step's tap rows of a request: [n_rows, m*d] in the model dtype."""
+        buf = self._taps.get(request_id)
+        return None if buf is None else buf.last
+
+    def tap_tail(self, request_id: str) -> tuple[int, torch.Tensor] | None:
+        """(position of the first row, rows [n, m*d]) of a request's tap tail."""
+        buf = self._taps.get(request_id)
+        return None if buf is None else (buf.tail_start, buf.tail)
+
+    # ------------------------------------------------------------------ step
+    def _validate(self, s: SeqStep) -> None:
+        n, bs = len(s.token_ids), self.block_size
+        where = f"request {s.request_id!r}"
+        if n == 0:
+            raise ValueError(f"{where}: token_ids is empty")
+        if s.start_position < 0:
+            raise ValueError(f"{where}: start_position={s.start_position} must be >= 0")
+        end = s.start_position + n
+        if end > self.max_model_len:
+            raise ValueError(f"{where}: positions up to {end} exceed "
+                             f"max_model_len={self.max_model_len}")
+        need = -(-end // bs)
+        if len(s.block_ids) < need:
+            raise ValueError(f"{where}: block_ids has {len(s.block_ids)} blocks but positions "
+                             f"[0, {end}) need {need} (block_size={bs})")
+        nb = self.kv.num_blocks
+        for b in s.block_ids[:need]:
+            if not 0 <= b < nb:
+                raise ValueError(f"{where}: block id {b} out of range [0, {nb})")
+        vocab = self.model.args.vocab_size
+        for t in s.token_ids:
+            if not 0 <= t < vocab:
+                raise ValueError(f"{where}: token id {t} out of range [0, {vocab})")
+
+    @torch.inference_mode()
+    def step(self, plan: StepPlan) -> StepOutput:
+        """Run one batched forward; outputs are in the plan's order."""
+        t0 = time.perf_counter()
+        seqs = plan.seqs
+        if not seqs:
+            return StepOutput(plan.step_id, [])
+        ids = set()
+        for s in seqs:
+            self._validate(s)
+            if s.request_id in ids:
+                raise ValueError(f"request {s.request_id!r} appears twice in step {plan.step_id}")
+            ids.add(s.request_id)
+        dev = self.device
+        a = self.model.args
+        tokens: list[int] = []
+        logit_rows: list[int] = []
+        for s in seqs:
+            tokens.extend(s.token_ids)
+            if s.sample:
+                logit_rows.append(len(tokens) - 1)
+        meta = build_metadata([(s.start_position, len(s.token_ids), s.block_ids) for s in seqs],
+                              self.block_size, a.num_heads // a.num_kv_heads, dev)
+        if meta.gather_blocks:
+            meta.ws_k, meta.ws_v = self.kv.workspace(meta.gather_blocks)
+        t = len(tokens)
+        taps = (torch.empty(t, len(self.tap_layers) * a.hidden_size, dtype=self.dtype,
+                            device=dev) if self.tap_layers else None)
+        rows = torch.tensor(logit_rows, dtype=torch.long, device=dev) if logit_rows else None
+        logits = self.model.forward(torch.tensor(tokens, dtype=torch.long, device=dev), meta,
+                                    self.kv, rows, self.tap_layers, taps)
+        sampled = None
+        if logits is not None:
+            params = [RowParams(s.temperature, s.top_k, s.top_p, s.seed,
+                                s.start_position + len(s.token_ids)) for s in seqs if s.sample]
+            tok, lp = sample(logits, params)
+            sampled = (tok.tolist(), lp.tolist())
+        outputs, row, j = [], 0, 0
+        for s in seqs:
+            n = len(s.token_ids)
+            out = SeqOutput(s.request_id, num_tap_rows=n if taps is not None else 0)
+            if s.sample:
+                out.token_id, out.logprob = sampled[0][j], sampled[1][j]
+                j += 1
+            if taps is not None:
+                rows_s = taps[row:row + n]
+                self._keep_taps(s, rows_s)
+                if s.return_tap_rows:
+                    out.tap_rows = rows_s.float().cpu().numpy()
+            row += n
+            outputs.append(out)
+        return StepOutput(plan.step_id, outputs, forward_ms=(time.perf_counter() - t0) * 1e3)
+
+    def _keep_taps(self, s: SeqStep, rows: torch.Tensor) -> None:
+        """Remember the step's rows and update the tail (a copy of <= TAP_TAIL rows, so
+        it never pins a whole step's tap tensor)."""
+        buf = self._taps.get(s.request_id)
+        recent = rows[-TAP_TAIL:]  # only the last TAP_TAIL positions can stay in the tail
+        start = s.start_position + rows.shape[0] - recent.shape[0]
+        if (buf is None or recent.shape[0] < rows.shape[0] or s.start_position < buf.tail_start
+                or s.start_position > buf.tail_start + buf.tail.shape[0]):
+            tail, tail_start = recent.clone(), start  # first step, long chunk, rewind, gap
+        else:  # drop rows at positions >= start (being recomputed), append
+            tail = torch.cat([buf.tail[:s.start_position - buf.tail_start], recent])
+            tail_start = buf.tail_start
+            if tail.shape[0] > TAP_TAIL:
+                tail_start += tail.shape[0] - TAP_TAIL
+                tail = tail[-TAP_TAIL:].clone()
+        self._taps[s.request_id] = _TapBuffer(rows, tail, tail_start)
+
+def validate_tap_layers(tap_layer_ids, num_layers: int) -> tuple[int, ...]:
+    """Tap layer i = residual stream after decoder layer i; 0 <= i < num_layers - 1."""
+    taps = tuple(int(x) for x in tap_layer_ids)
+    for x in taps:
+        if not 0 <= x < num_layers - 1:
+            raise ValueError(f"tap_layer_ids={taps!r} is invalid: each must be in "
+                             f"[0, {num_layers - 2}] (the model has {num_layers} layers; "
+                             "the final layer cannot be tapped)")
+    if len(set(taps)) != len(taps):
+        raise ValueError(f"tap_layer_ids={taps!r} is invalid: duplicates")
+    return taps
+

@@ -1,0 +1,84 @@
+"""Sampler: greedy, top-k/top-p exclusion, seeded determinism, distribution."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark.worker.sampler import RowParams, mix_seed, sample
+
+
+def _logits(n=4, v=50, seed=0):
+    return torch.randn(n, v, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_is_argmax_and_logprob_is_unmodified():
+    lg = _logits()
+    tok, lp = sample(lg, [RowParams()] * 4)
+    assert tok.tolist() == lg.argmax(-1).tolist()
+    torch.testing.assert_close(lp, torch.log_softmax(lg, -1).gather(1, tok[:, None])[:, 0])
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    lg = _logits(seed=1)
+    for p in (RowParams(temperature=2.0, top_k=1, seed=3),
+              RowParams(temperature=2.0, top_p=1e-6, seed=3)):
+        for pos in range(20):
+            tok, _ = sample(lg, [RowParams(p.temperature, p.top_k, p.top_p, p.seed, pos)] * 4)
+            assert tok.tolist() == lg.argmax(-1).tolist()
+
+
+def test_logprob_under_unmodified_distribution_when_sampling():
+    lg = _logits(seed=2)
+    tok, lp = sample(lg, [RowParams(temperature=0.5, top_k=5, seed=1, position=7)] * 4)
+    torch.testing.assert_close(lp, torch.log_softmax(lg, -1).gather(1, tok[:, None])[:, 0])
+
+
+def test_seed_determinism_and_position_dependence():
+    lg = _logits(1, 1000, seed=3).expand(1, 1000)
+    draw = lambda seed, pos: sample(lg, [RowParams(1.0, 0, 1.0, seed, pos)])[0].item()  # noqa
+    assert [draw(5, p) for p in range(10)] == [draw(5, p) for p in range(10)]
+    assert len({draw(s, 3) for s in range(20)}) > 5
+    assert len({draw(5, p) for p in range(20)}) > 5
+    # a row's sample does not depend on which other rows share the batch
+    lg2 = _logits(3, 1000, seed=4)
+    lg2[1] = lg[0]
+    rows = [RowParams(), RowParams(1.0, 0, 1.0, 5, 2), RowParams(0.7, 3, 0.9, 1, 1)]
+    assert sample(lg2, rows)[0][1].item() == draw(5, 2)
+    assert mix_seed(1, 2) != mix_seed(2, 1)
+
+
+def test_empirical_distribution_matches_softmax():
+    v, t, n = 6, 0.8, 6000
+    lg = torch.tensor([[1.0, 0.5, 0.0, -0.5, 2.0, 0.2]])
+    counts = torch.zeros(v)
+    rows = [RowParams(t, 0, 1.0, 123, pos) for pos in range(n)]
+    tok, _ = sample(lg.expand(n, v).contiguous(), rows)
+    counts = torch.bincount(tok, minlength=v).float()
+    expect = torch.softmax(lg[0] / t, -1) * n
+    chi2 = (((counts - expect) ** 2) / expect).sum().item()
+    assert chi2 < 25.0, (counts, expect)  # df=5: p(chi2 > 25) < 2e-4
+
+
+@pytest.mark.parametrize("top_k, top_p", [(3, 1.0), (0, 0.6), (4, 0.8)])
+def test_top_k_top_p_never_emit_excluded(top_k, top_p):
+    lg = _logits(1, 30, seed=5)
+    probs = torch.softmax(lg[0] / 1.3, -1)
+    order = probs.argsort(descending=True)
+    allowed = set(order[:top_k].tolist()) if top_k else set(order.tolist())
+    if top_p < 1.0:  # top-p applies to the renormalized top-k distribution (as in HF)
+        if top_k:
+            probs = torch.zeros_like(probs).index_copy(0, order[:top_k], probs[order[:top_k]])
+            probs = probs / probs.sum()
+        cum, keep = 0.0, set()
+        for i in order.tolist():
+            if cum >= top_p:
+                break
+            keep.add(i)
+            cum += probs[i].item()
+        allowed &= keep
+    n = 2000
+    rows = [RowParams(1.3, top_k, top_p, 9, pos) for pos in range(n)]
+    tok, _ = sample(lg.expand(n, 30).contiguous(), rows)
+    seen = set(tok.tolist())
+    assert seen <= allowed
+    assert len(seen) == len(allowed)  # and all allowed ones do occur
