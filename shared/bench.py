@@ -10,7 +10,6 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

@@ -52,10 +52,17 @@ def config_from_args(cls, args: argparse.Namespace, **overrides):
 # --- subcommands --------------------------------------------------------------
 
 def _run_async(coro) -> int:
+    """Run a service; a start-up failure (bad device, bad checkpoint, port in
+    use) is one clear line and exit code 1, not a traceback."""
+    from dspark.shared.errors import DSparkError
+
     try:
         asyncio.run(coro)
     except KeyboardInterrupt:
         pass
+    except (RuntimeError, ValueError, OSError, DSparkError) as e:
+        print(f"dspark: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -63,24 +70,27 @@ def cmd_worker(args) -> int:
     from dspark.shared.logging import configure
     from dspark.worker.servicer import serve
 
+    config = config_from_args(WorkerConfig, args)  # validate before anything starts
     configure("worker", args.log_level)
-    return _run_async(serve(config_from_args(WorkerConfig, args)))
+    return _run_async(serve(config))
 
 
 def cmd_scheduler(args) -> int:
     from dspark.scheduler.servicer import serve
     from dspark.shared.logging import configure
 
+    config = config_from_args(SchedulerConfig, args)  # validate before anything starts
     configure("scheduler", args.log_level)
-    return _run_async(serve(config_from_args(SchedulerConfig, args)))
+    return _run_async(serve(config))
 
 
 def cmd_router(args) -> int:
     from dspark.router.servicer import serve
     from dspark.shared.logging import configure
 
+    config = config_from_args(RouterConfig, args)  # validate before anything starts
     configure("router", args.log_level)
-    return _run_async(serve(config_from_args(RouterConfig, args)))
+    return _run_async(serve(config))
 
 
 def cmd_model_prepare(args) -> int:

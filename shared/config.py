@@ -6,7 +6,7 @@ reads the environment at import time.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -75,6 +75,7 @@ class SchedulerConfig:
     max_waiting: int = 1024  # queued requests beyond which Submit is refused
     worker_retry_s: float = 30.0  # how long to wait for a lost worker before failing requests
     step_timeout_s: float = 120.0  # a step slower than this counts as a lost worker
+    worker_start_timeout_s: float = 600.0  # wait this long for the worker at start-up
     host: str = DEFAULT_HOST
     port: int = DEFAULT_SCHEDULER_PORT
 

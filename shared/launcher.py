@@ -3,7 +3,6 @@ processes on loopback, wait until the router is ready, print the endpoints,
 and stop everything cleanly on Ctrl-C / SIGTERM."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -37,10 +36,16 @@ class Cluster:
                 p.kill()
                 p.wait()
 
+    log_dir: Path | None = None
+
     def check_alive(self) -> None:
         for name, p in self.procs:
             if p.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {p.returncode}")
+                hint = ""
+                if self.log_dir is not None and (self.log_dir / f"{name}.log").is_file():
+                    tail = (self.log_dir / f"{name}.log").read_text(errors="replace").strip()
+                    hint = "; last log lines:\n" + "\n".join(tail.splitlines()[-5:])
+                raise RuntimeError(f"{name} exited with code {p.returncode}{hint}")
 
 
 def wait_ready(address: str, service: str, timeout_s: float, cluster: Cluster | None = None) -> None:
@@ -87,7 +92,7 @@ def start_cluster(*, replicas: int = 1, host: str = "127.0.0.1", router_port: in
                   timeout_s: float = 600.0) -> Cluster:
     """Start `replicas` worker+scheduler pairs and one router; return when the
     router is ready (or raise, after stopping what was started)."""
-    c = Cluster(router=f"{host}:{router_port}")
+    c = Cluster(router=f"{host}:{router_port}", log_dir=log_dir)
     try:
         for i in range(replicas):
             wport, sport = base_port + 2 * i + 1, base_port + 2 * i
@@ -155,7 +160,10 @@ def serve_all(args) -> int:
     try:
         cluster = start_cluster(replicas=args.replicas, host=args.host,
                                 router_port=args.router_port, base_port=args.base_port,
-                                worker_args=wargs, scheduler_args=sargs, log_dir=log_dir,
+                                worker_args=wargs, scheduler_args=sargs,
+                                # the router tokenizes with the same model directory
+                                router_args=["--model", args.model] if args.model else [],
+                                log_dir=log_dir,
                                 log_level=args.log_level)
     except (RuntimeError, TimeoutError) as e:
         print(f"dspark serve: {e}", file=sys.stderr)

@@ -20,9 +20,9 @@ from dspark.scheduler.core.errors import AdmissionError
 from dspark.scheduler.core.scheduler import Scheduler
 from dspark.shared import errors, pb
 from dspark.shared.config import SchedulerConfig
-from dspark.shared.logging import REQUEST_ID_KEY, get_logger
+from dspark.shared.logging import get_logger
 from dspark.shared.service import GRPC_OPTIONS
-from dspark.shared.types import FinishReason, RequestOutput, SamplingParams, WorkerInfo
+from dspark.shared.types import RequestOutput, SamplingParams, WorkerInfo
 from dspark.v1 import worker_pb2, worker_pb2_grpc
 
 log = get_logger(component="scheduler")

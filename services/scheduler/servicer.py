@@ -60,7 +60,12 @@ async def serve(config: SchedulerConfig) -> None:
     svc.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(engine),
             [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name])
     await svc.start()
-    await engine.start()
+    try:
+        await engine.start(config.worker_start_timeout_s)
+    except BaseException as e:
+        log.error("startup_failed", error=str(e))
+        await svc.server.stop(0)
+        raise
     await svc.set_ready(True)
     log.info("ready", address=svc.address, worker=config.worker)
     await svc.run_until_stopped(on_drain=engine.drain)

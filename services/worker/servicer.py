@@ -65,8 +65,13 @@ async def serve(config: WorkerConfig) -> None:
             [worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name])
     await svc.start()
     loop = asyncio.get_running_loop()
-    runner = await loop.run_in_executor(None, ModelRunner, config)
-    await loop.run_in_executor(None, runner.warmup)
+    try:
+        runner = await loop.run_in_executor(None, ModelRunner, config)
+        await loop.run_in_executor(None, runner.warmup)
+    except BaseException as e:
+        log.error("startup_failed", error=str(e))
+        await svc.server.stop(0)
+        raise
     servicer.runner = runner
     info = runner.info()
     log.info("ready", model=info.model_name, dtype=info.dtype, device=info.device,
