@@ -46,7 +46,7 @@ test-unit: $(STAMP) $(GEN)
 	$(VPY) -m pytest -q -ra -m "not e2e and not model"
 
 bench: setup
-	$(PIP) install -q '.[bench]' >/dev/null 2>&1 || $(PIP) install -q transformers matplotlib
+	$(PIP) install -q -e '.[bench]'
 	$(VENV)/bin/dspark bench --json bench-results/bench.json
 
 clean:
