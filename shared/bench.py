@@ -76,7 +76,10 @@ def rss_peak_mib(pid: int) -> float:
     return float("nan")
 
 
-def bench_services(prompts, args, log_dir: Path) -> dict:
+def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
+    """Start the services, measure them, stop them. Batch 1 is measured paired
+    with transformers: prompt by prompt, one run of each, so that both see the
+    same machine (these shared machines drift by 20-30% over minutes)."""
     from dspark.shared.client import Client
     from dspark.shared.launcher import start_cluster
 
@@ -86,12 +89,19 @@ def bench_services(prompts, args, log_dir: Path) -> dict:
         worker_pid = dict(c.procs)["worker-0"].pid
         with Client(c.router, timeout=900) as client:
             _one_stream(client, prompts[0], 8)  # warm-up
-            b1 = [_one_stream(client, p, args.max_tokens) for p in prompts[: args.batch1_prompts]]
+            hf.decode_rate(prompts[0], 8)
+            b1, hf_rates = [], []
+            for p in prompts[: args.batch1_prompts]:
+                b1.append(_one_stream(client, p, args.max_tokens))
+                hf_rates.append(hf.decode_rate(p, args.max_tokens))
             res = {
                 "batch1_tokens_per_s": sum(r["tokens"] - 1 for r in b1) / sum(r["decode_s"] for r in b1),
                 "ttft_ms": 1000 * statistics.median(r["ttft_s"] for r in b1),
                 "itl_ms": 1000 * statistics.median(r["itl_s"] for r in b1),
+                "hf_batch1_tokens_per_s": len(hf_rates) / sum(1 / r for r in hf_rates),
             }
+            print(f"  batch 1: {res['batch1_tokens_per_s']:.1f} tok/s "
+                  f"(transformers {res['hf_batch1_tokens_per_s']:.1f})", file=sys.stderr)
             for conc in (8, 32):
                 r = run_concurrent(client, prompts, conc, args.max_tokens)
                 res[f"conc{conc}_tokens_per_s"] = r["tokens_per_s"]
@@ -101,7 +111,7 @@ def bench_services(prompts, args, log_dir: Path) -> dict:
             res["worker_peak_rss_mib"] = rss_peak_mib(worker_pid)
             if args.memory_check:
                 long_prompt = " ".join(load_eval_prompts(40))[:9000]
-                r = run_concurrent(client, [long_prompt], 32, 64)
+                r = run_concurrent(client, [long_prompt], 32, 16)
                 res["memory_check"] = {"requests": 32, "prompt_chars": len(long_prompt),
                                        "tokens_per_s": r["tokens_per_s"],
                                        "worker_peak_rss_mib": rss_peak_mib(worker_pid)}
@@ -112,29 +122,33 @@ def bench_services(prompts, args, log_dir: Path) -> dict:
 
 # --- transformers baseline ---------------------------------------------------
 
-def bench_transformers(prompts, args, model_dir: Path, dtype: str) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class HFBaseline:
+    """The same model through transformers `generate()`, same dtype, greedy."""
 
-    tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).eval()
-    rates = []
-    with torch.inference_mode():
-        for p in prompts[: args.batch1_prompts]:
-            text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True)
-            ids = tok(text, return_tensors="pt").input_ids
+    def __init__(self, model_dir: Path, dtype: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).eval()
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def decode_rate(self, prompt: str, max_tokens: int) -> float:
+        """Decode tokens/s for one chat prompt (prefill time subtracted)."""
+        text = self.tok.apply_chat_template([{"role": "user", "content": prompt}],
+                                            tokenize=False, add_generation_prompt=True)
+        ids = self.tok(text, return_tensors="pt").input_ids
+        with self.torch.inference_mode():
             t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+            self.model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
             prefill = time.perf_counter() - t0
             t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens,
-                           do_sample=False)
+            self.model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                do_sample=False)
             total = time.perf_counter() - t0
-            rates.append((args.max_tokens - 1) / max(1e-6, total - prefill))
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"batch1_tokens_per_s": statistics.mean(rates), "weight_bytes": weight_bytes}
+        return (max_tokens - 1) / max(1e-6, total - prefill)
 
 
 def read_bandwidth_gbs() -> float:
@@ -197,30 +211,30 @@ def main(args) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
     print(f"bench: {dtype}, {args.max_tokens} new tokens per request, logs in {log_dir}",
           file=sys.stderr)
-    services = bench_services(prompts, args, log_dir)
-    print("  services done; transformers generate() ...", file=sys.stderr)
-    hf = bench_transformers(prompts, args, Path(model_dir or default_model_dir()), dtype)
+    hf = HFBaseline(Path(model_dir or default_model_dir()), dtype)
+    services = bench_services(prompts, args, log_dir, hf)
+    hf_rate = services.pop("hf_batch1_tokens_per_s")
     bw = read_bandwidth_gbs()
-    frac = hf["weight_bytes"] * services["batch1_tokens_per_s"] / (bw * 1e9)
+    frac = hf.weight_bytes * services["batch1_tokens_per_s"] / (bw * 1e9)
     result = {
         "dtype": dtype, "max_tokens": args.max_tokens,
         "k0": services,
-        "transformers": {"batch1_tokens_per_s": hf["batch1_tokens_per_s"]},
-        "speedup_vs_transformers_batch1": services["batch1_tokens_per_s"] / hf["batch1_tokens_per_s"],
+        "transformers": {"batch1_tokens_per_s": hf_rate},
+        "speedup_vs_transformers_batch1": services["batch1_tokens_per_s"] / hf_rate,
         "bandwidth_fraction": frac,
         "read_bandwidth_gb_s": bw,
-        "weight_bytes": hf["weight_bytes"],
+        "weight_bytes": hf.weight_bytes,
     }
     k0 = services
     print(f"\n{'':34s}{'tokens/s':>10s}")
-    print(f"{'transformers generate(), batch 1':34s}{hf['batch1_tokens_per_s']:10.1f}")
+    print(f"{'transformers generate(), batch 1':34s}{hf_rate:10.1f}")
     print(f"{'dspark K=0, batch 1':34s}{k0['batch1_tokens_per_s']:10.1f}"
           f"   ({result['speedup_vs_transformers_batch1']:.2f}x transformers)")
     print(f"{'dspark K=0, concurrency 8':34s}{k0['conc8_tokens_per_s']:10.1f}")
     print(f"{'dspark K=0, concurrency 32':34s}{k0['conc32_tokens_per_s']:10.1f}")
     print(f"TTFT {k0['ttft_ms']:.1f} ms, ITL {k0['itl_ms']:.1f} ms (batch 1, median)")
     print(f"bandwidth: {frac:.1%} of {bw:.1f} GB/s measured read bandwidth "
-          f"({hf['weight_bytes'] / 1e6:.0f} MB weights per token)")
+          f"({hf.weight_bytes / 1e6:.0f} MB weights per token)")
     print(f"worker peak RSS: {k0['worker_peak_rss_mib']:.0f} MiB")
     if "memory_check" in k0:
         print(f"32 concurrent ~2k-token requests: worker peak RSS "

@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--dtype", default="auto")
     b.add_argument("--plot", default=None, help="PNG path (default: beside the JSON)")
-    b.add_argument("--batch1-prompts", type=int, default=4, help="prompts timed at batch 1")
+    b.add_argument("--batch1-prompts", type=int, default=6, help="prompts timed at batch 1")
     b.add_argument("--port", type=int, default=50151, help="first port the bench may use")
     b.add_argument("--memory-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also run 32 concurrent ~2k-token requests and report peak RSS")

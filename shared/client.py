@@ -329,5 +329,11 @@ Client.stream.__doc__ += _GEN_DOC  # type: ignore[operator]
 Client.generate.__doc__ += _GEN_DOC  # type: ignore[operator]
 
 
-# The asyncio client lives in its own module; re-exported here.
-from dspark.shared.client_async import AsyncClient, AsyncStream  # noqa: E402
+def __getattr__(name: str):
+    """The asyncio client lives in dspark.shared.client_async; importable from
+    here too (lazily, so that either module can be imported first)."""
+    if name in ("AsyncClient", "AsyncStream"):
+        from dspark.shared import client_async
+
+        return getattr(client_async, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -143,8 +143,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         been streamed yet; translate token batches to text deltas."""
         tried: set[str] = set()
         n_out = 0
+        last_err: errors.DSparkError | None = None
         for attempt in range(MAX_DISPATCH_ATTEMPTS):
-            res = self.replicas.reserve(v.num_prompt_tokens, v.sampling.max_tokens, exclude=tried)
+            try:
+                res = self.replicas.reserve(v.num_prompt_tokens, v.sampling.max_tokens,
+                                            exclude=tried)
+            except errors.NoReplicaAvailable:
+                if last_err is not None:  # every replica tried: report why the last refused
+                    raise last_err from None
+                raise
             addr = res.address
             tried.add(addr)
             self._running[rid] = addr
@@ -169,16 +176,20 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 raise errors.Unavailable(f"scheduler {addr} closed the stream without finishing")
             except grpc.aio.AioRpcError as e:
                 err = errors.from_grpc_error(e)
-                if (isinstance(err, errors.Unavailable) and n_out == 0
-                        and attempt + 1 < MAX_DISPATCH_ATTEMPTS):
-                    log.warning("replica_failed_retrying", replica=addr, error=str(err))
+                retry = (n_out == 0 and attempt + 1 < MAX_DISPATCH_ATTEMPTS
+                         and isinstance(err, (errors.Unavailable, errors.ResourceExhausted)))
+                if not retry:
+                    raise err from None
+                # Nothing streamed yet: another replica may take it (a full
+                # replica stays healthy; a lost one leaves the rotation).
+                last_err = err
+                log.warning("replica_refused_retrying", replica=addr, error=str(err))
+                if isinstance(err, errors.Unavailable):
                     self.replicas.mark_unhealthy(addr, str(err))
-                    continue
-                raise err from None
             finally:
                 call.cancel()  # no-op when done; aborts the request when we leave early
                 res.finish()
-        raise errors.Unavailable("no scheduler replica could take the request")
+        raise last_err or errors.Unavailable("no scheduler replica could take the request")
 
     def _final(self, rid, text, token_ids, finish, v, n_out):
         return router_pb2.GenerateResponse(

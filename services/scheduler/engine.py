@@ -134,6 +134,7 @@ class Engine:
 
     def load(self) -> dict:
         d = self.core.load() if self.core else {}
+        d["num_preemptions"] = self.core.num_preemptions if self.core else 0
         d["accepting"] = self.accepting and self.core is not None
         return d
 

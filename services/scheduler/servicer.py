@@ -49,7 +49,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             outstanding_tokens=d.get("outstanding_tokens", 0),
             model_name=info.model_name if info else "",
             max_model_len=info.max_model_len if info else 0,
-            accepting=d["accepting"],
+            accepting=d["accepting"], num_preemptions=d["num_preemptions"],
         )
 
 
