@@ -295,3 +295,33 @@ def test_bfloat16_close_to_float32(tiny_model_dir):
         r.step(StepPlan(1, [SeqStep("q", toks[12:], 12, [0, 1, 2], sample=True)]))
     assert logits["bfloat16"].dtype == torch.float32
     torch.testing.assert_close(logits["bfloat16"], logits["float32"], atol=0.25, rtol=0.05)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_bf16_prefill_fp32_path_matches_decode_path(tiny_model_dir, monkeypatch, wide):
+    """A bf16 prefill chunk of >= FP32_ROWS rows may run its linears in fp32
+    (plain weights, upcast); its logits agree with the packed bf16 path."""
+    from dspark.worker.model import llama
+
+    monkeypatch.setattr(llama, "wide_gemm_faster_in_fp32", lambda w: wide)
+    r = ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype="bfloat16", block_size=BS,
+                                 num_kv_blocks=64, tap_layer_ids=()))
+    if not llama.use_packed_linear(r.model.embed):
+        pytest.skip("no oneDNN bf16 packing on this CPU: the fp32 prefill path is never used")
+    assert (r.model.wide_layers is not None) == wide
+    toks = _tokens(5, llama.FP32_ROWS + 10)
+    n = len(toks)
+    wide_logits = r.step(StepPlan(0, [SeqStep("w", toks, 0, list(range(_cdiv(n, BS))),
+                                              sample=True, return_tap_rows=False)]))
+    # the same sequence fed in small chunks (< FP32_ROWS rows: the packed bf16 path)
+    small = None
+    for s in range(0, n, 16):
+        chunk = toks[s:s + 16]
+        small = r.step(StepPlan(1, [SeqStep("s", chunk, s, list(range(32, 32 + _cdiv(n, BS))),
+                                            sample=s + 16 >= n)]))
+    assert wide_logits.outputs[0].token_id == small.outputs[0].token_id
+    assert abs(wide_logits.outputs[0].logprob - small.outputs[0].logprob) < 0.1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -116,6 +116,37 @@ def use_packed_linear(like: torch.Tensor) -> bool:
         return False
 
 
+# Steps with at least this many rows run their linears in fp32 when
+# `wide_gemm_faster_in_fp32` found that faster at load (below it, the weight
+# upcast costs more than the GEMM saves).
+FP32_ROWS = 128
+
+
+def fp32_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T computed in fp32 (w upcast per call), result in x's dtype."""
+    return F.linear(x.float(), w.float()).to(x.dtype)
+
+
+def wide_gemm_faster_in_fp32(w: torch.Tensor, rows: int = 256) -> bool:
+    """Measure once at load: on CPUs without native bf16 GEMM kernels (AVX512-BF16
+    without AMX, as on this project's machines) a prefill-sized bf16 GEMM is
+    ~1.5x slower than the same GEMM in fp32, upcast included."""
+    import time
+
+    x = torch.randn(rows, w.shape[1], dtype=w.dtype)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return best(lambda: fp32_linear(x, w)) < 0.9 * best(lambda: F.linear(x, w))
+
+
 class Llama(torch.nn.Module):
     """Weights + a functional forward. Fused: wqkv [(H+2KV)*hd, d], w13 [2I, d]."""
 
@@ -130,7 +161,14 @@ class Llama(torch.nn.Module):
         self.layers = [{k: weights[f"{i}.{k}"] for k in ("ln1", "wqkv", "wo", "ln2", "w13", "w2")}
                        for i in range(a.num_layers)]
         self.linear = F.linear
+        # Layers used for steps of >= FP32_ROWS rows (prefill chunks), with
+        # their linear; None = the same as for decode.
+        self.wide_layers: list[dict] | None = None
         if use_packed_linear(self.embed):
+            if wide_gemm_faster_in_fp32(self.layers[0]["w13"]):
+                # Keep the plain bf16 matrices (+1x the layer weights in memory)
+                # for prefill chunks, computed in fp32; decode uses the packed ones.
+                self.wide_layers = [dict(w) for w in self.layers]
             # oneDNN's blocked weight layout: bf16 GEMV is 1.5-3.5x faster on CPU than
             # F.linear on a plain [out, in] matrix, with bit-identical results.
             self.linear = packed_linear
@@ -165,11 +203,14 @@ class Llama(torch.nn.Module):
         t = tokens.shape[0]
         h, kvh, hd, d = a.num_heads, a.num_kv_heads, a.head_dim, a.hidden_size
         qk_dim, eps, lin = self.q_dim + self.kv_dim, a.rms_norm_eps, self.linear
+        layers = self.layers
+        if self.wide_layers is not None and t >= FP32_ROWS:
+            layers, lin = self.wide_layers, fp32_linear
         x = F.embedding(tokens, self.embed)  # [T, d]
         cos = self.cos.index_select(0, meta.positions).unsqueeze(1)  # [T, 1, hd]
         sin = self.sin_signed.index_select(0, meta.positions).unsqueeze(1)
         tap_slot = {layer: j for j, layer in enumerate(tap_layers)}
-        for i, w in enumerate(self.layers):
+        for i, w in enumerate(layers):
             qkv = lin(F.rms_norm(x, (d,), w["ln1"], eps), w["wqkv"])  # [T, (H+2KV)*hd]
             qk = qkv[:, :qk_dim].view(t, h + kvh, hd)
             # RoPE (rotate-half layout): roll swaps the halves, sin_signed has -sin first
@@ -185,7 +226,8 @@ class Llama(torch.nn.Module):
         if logit_rows is None:
             return None
         xs = x.index_select(0, logit_rows) if logit_rows.shape[0] != t else x
-        return lin(F.rms_norm(xs, (d,), self.norm, eps), self.lm_head).float()  # [S, V]
+        # logits for a few rows: the (packed) decode head
+        return self.linear(F.rms_norm(xs, (d,), self.norm, eps), self.lm_head).float()  # [S, V]
 
 
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device,

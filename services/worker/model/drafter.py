@@ -1,0 +1,379 @@
+"""The DSpark drafter: parallel backbone + sequential Markov head + confidence head.
+
+See shared/design/DSPARK.md sections 1-2. One backbone forward turns the fused
+target tap rows of the last W committed positions plus the block
+``[anchor, MASK x (K-1)]`` into base logits U_1..U_K (slot s -> U_{s+1}); a rank-r
+bigram bias ``B(x) = W2 @ W1[x]`` then corrects them left to right, and a
+linear confidence head estimates per-slot survival.
+
+The target's embedding and LM head are frozen and shared: they are bound with
+``bind_target``/``bind_llama`` and are never parameters or checkpoint tensors.
+
+Context layout (batched over requests): ``ctx_rows [B, C, m*d]`` left-aligned,
+``ctx_positions [B, C]`` absolute positions, ``ctx_lengths [B]`` valid rows.
+A context row is attended to iff it is valid (index < length), strictly before
+the anchor, and inside the window ``[anchor_pos - W, anchor_pos)``; so padded
+rows, rows past the window and stale rows at or after the anchor never count.
+References: DSpark (Cheng et al. 2026), DFlash, gpt-fast's model.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from types import SimpleNamespace
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .llama import rope_inv_freq
+
+# Loss mixture of DSPARK.md section 2.4.
+CE_WEIGHT, L1_WEIGHT, BCE_WEIGHT, SLOT_DECAY = 0.1, 0.9, 1.0, 4.0
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Drafter hyper-parameters plus the identity of the target it was trained for."""
+    mask_token_id: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    target_model_id: str
+    target_vocab_size: int
+    target_hidden_size: int
+    target_num_layers: int
+    block_size: int = 7
+    target_layer_ids: tuple[int, ...] = (8, 16, 24)
+    markov_rank: int = 64
+    context_window: int = 128
+    num_draft_layers: int = 2
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+
+        def bad(name: str, why: str):
+            raise ValueError(f"DrafterConfig.{name}={getattr(self, name)!r}: {why}")
+
+        for name in ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "target_vocab_size", "target_hidden_size", "target_num_layers",
+                     "block_size", "context_window", "num_draft_layers"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(name, "must be a positive integer")
+        if not isinstance(self.markov_rank, int) or self.markov_rank < 0:
+            bad("markov_rank", "must be an integer >= 0 (0 = no Markov head)")
+        if not isinstance(self.target_model_id, str) or not self.target_model_id:
+            bad("target_model_id", "must be a non-empty string")
+        if not 0 <= self.mask_token_id < self.target_vocab_size:
+            bad("mask_token_id", f"must be in [0, {self.target_vocab_size})")
+        if self.hidden_size != self.target_hidden_size:
+            bad("hidden_size", f"must equal target_hidden_size={self.target_hidden_size} "
+                "(the drafter shares the target's embedding and LM head)")
+        if self.num_heads % self.num_kv_heads:
+            bad("num_heads", f"must be a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            bad("head_dim", "must be even (RoPE rotate-half)")
+        if not self.rms_norm_eps > 0:
+            bad("rms_norm_eps", "must be > 0")
+        if not self.rope_theta > 0:
+            bad("rope_theta", "must be > 0")
+        ids = self.target_layer_ids
+        if not ids or len(set(ids)) != len(ids):
+            bad("target_layer_ids", "must be a non-empty list of distinct layers")
+        for i in ids:
+            if not 0 <= i < self.target_num_layers:
+                bad("target_layer_ids", f"layer {i} out of range [0, {self.target_num_layers})")
+            if i == self.target_num_layers - 1:
+                bad("target_layer_ids", f"layer {i} is the target's final layer "
+                    f"(target_num_layers={self.target_num_layers}); tap a non-final layer")
+
+    @classmethod
+    def for_target(cls, args, target_model_id: str, **overrides) -> DrafterConfig:
+        """Backbone dims copied from a target's ``LlamaArgs``; anything overridable."""
+        base = dict(mask_token_id=args.vocab_size - 1, hidden_size=args.hidden_size,
+                    num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                    head_dim=args.head_dim, intermediate_size=args.intermediate_size,
+                    target_model_id=target_model_id, target_vocab_size=args.vocab_size,
+                    target_hidden_size=args.hidden_size, target_num_layers=args.num_layers,
+                    rms_norm_eps=args.rms_norm_eps, rope_theta=args.rope_theta,
+                    rope_scaling=args.rope_scaling)
+        return cls(**{**base, **overrides})
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["target_layer_ids"] = list(self.target_layer_ids)
+        return json.dumps(d, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DrafterConfig:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"drafter config is not valid JSON: {e}") from None
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"drafter config has unknown fields {unknown}")
+        try:
+            return cls(**d)
+        except TypeError as e:  # a missing required field
+            raise ValueError(f"drafter config incomplete: {e}") from None
+
+
+class DraftOutput(NamedTuple):
+    tokens: torch.Tensor                # [B, K] int64 drafts d_1..d_K
+    probs: torch.Tensor                 # [B, K] float32 p_k(d_k)
+    dists: torch.Tensor | None          # [B, K, V] float32 p_k (when asked for)
+    confidences: torch.Tensor           # [B, K] float32 c_k = sigmoid(z_k)
+
+
+def pad_context(rows: list[torch.Tensor], positions: list[torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-request ``[n_i, m*d]`` rows / ``[n_i]`` positions -> left-aligned padded batch."""
+    n = max([r.shape[0] for r in rows] + [1])
+    b, width = len(rows), rows[0].shape[-1]
+    out = rows[0].new_zeros(b, n, width)
+    pos = torch.zeros(b, n, dtype=torch.long, device=rows[0].device)
+    for i, (r, p) in enumerate(zip(rows, positions)):
+        out[i, :r.shape[0]] = r
+        pos[i, :r.shape[0]] = p
+    lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.long, device=out.device)
+    return out, pos, lengths
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    # rotate-half layout as in llama.py: roll swaps halves, sin_signed = [-sin, sin]
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)
+
+
+class DraftLayer(torch.nn.Module):
+    """One draft decoder layer; weights laid out like llama.py's fused target layers."""
+
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        d, hd = c.hidden_size, c.head_dim
+        self.h, self.kvh, self.hd, self.eps = c.num_heads, c.num_kv_heads, hd, c.rms_norm_eps
+        self.q_dim = c.num_heads * hd
+        std = 0.02
+        self.ln1 = torch.nn.Parameter(torch.ones(d))
+        self.wqkv = torch.nn.Parameter(torch.randn((c.num_heads + 2 * c.num_kv_heads) * hd, d) * std)
+        self.wo = torch.nn.Parameter(torch.randn(d, self.q_dim) * std)
+        self.ln2 = torch.nn.Parameter(torch.ones(d))
+        self.w13 = torch.nn.Parameter(torch.randn(2 * c.intermediate_size, d) * std)
+        self.w2 = torch.nn.Parameter(torch.randn(d, c.intermediate_size) * std)
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor, rope_blk, rope_ctx,
+                mask: torch.Tensor) -> torch.Tensor:
+        """x: [B, K, d] block rows; ctx: [B, C, d] fused context; mask: [B, 1, 1, C+K]."""
+        b, k, d = x.shape
+        c = ctx.shape[1]
+        h, kvh, hd, qd = self.h, self.kvh, self.hd, self.q_dim
+        qkv = F.linear(F.rms_norm(x, (d,), self.ln1, self.eps), self.wqkv)  # [B, K, (H+2KV)hd]
+        q = _apply_rope(qkv[..., :qd].view(b, k, h, hd), *rope_blk)
+        kb = _apply_rope(qkv[..., qd:qd + kvh * hd].view(b, k, kvh, hd), *rope_blk)
+        vb = qkv[..., qd + kvh * hd:].view(b, k, kvh, hd)
+        # context rows: this layer's own k/v projections, not passed through the layer
+        kvc = F.linear(ctx, self.wqkv[qd:])  # [B, C, 2*KV*hd]
+        kc = _apply_rope(kvc[..., :kvh * hd].view(b, c, kvh, hd), *rope_ctx)
+        vc = kvc[..., kvh * hd:].view(b, c, kvh, hd)
+        kk = torch.cat([kc, kb], 1).transpose(1, 2)  # [B, KV, C+K, hd]
+        vv = torch.cat([vc, vb], 1).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=mask,
+                                           enable_gqa=h != kvh)  # [B, H, K, hd]
+        x = x + F.linear(o.transpose(1, 2).reshape(b, k, qd), self.wo)
+        gate, up = F.linear(F.rms_norm(x, (d,), self.ln2, self.eps), self.w13).chunk(2, -1)
+        return x + F.linear(F.silu(gate) * up, self.w2)  # SwiGLU
+
+
+class DSparkDrafter(torch.nn.Module):
+    """Trainable drafter weights; the target's embedding and LM head are bound, not owned."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        c = self.config = config
+        d, m, r = c.hidden_size, len(c.target_layer_ids), c.markov_rank
+        self.fc = torch.nn.Parameter(torch.randn(d, m * d) / math.sqrt(m * d))  # W_c
+        self.ctx_norm = torch.nn.Parameter(torch.ones(d))
+        self.mask_embed = torch.nn.Parameter(torch.randn(d) * 0.02)  # MASK slot input
+        self.layers = torch.nn.ModuleList(DraftLayer(c) for _ in range(c.num_draft_layers))
+        self.norm = torch.nn.Parameter(torch.ones(d))
+        if r:
+            self.markov_w1 = torch.nn.Parameter(torch.randn(c.target_vocab_size, r) * 0.02)
+            # W2 = 0: the Markov bias starts at zero, drafting starts as the plain backbone
+            self.markov_w2 = torch.nn.Parameter(torch.zeros(c.target_vocab_size, r))
+        self.conf_w = torch.nn.Parameter(torch.zeros(1, d + r))
+        self.conf_b = torch.nn.Parameter(torch.zeros(1))
+        # fp32 on purpose, kept out of the state dict and out of Module.to(dtype)
+        self._inv_freq = rope_inv_freq(SimpleNamespace(
+            head_dim=c.head_dim, rope_theta=c.rope_theta, rope_scaling=c.rope_scaling))
+        self._embed: torch.Tensor | None = None
+        self._lm_head: torch.Tensor | None = None
+        self._linear: Callable = F.linear
+
+    # ---- target binding --------------------------------------------------------------
+    def bind_target(self, embed: torch.Tensor, lm_head: torch.Tensor,
+                    linear: Callable = F.linear) -> DSparkDrafter:
+        """Share the target's frozen embedding [V, d] and LM head (``linear(x, lm_head)``)."""
+        v, d = self.config.target_vocab_size, self.config.hidden_size
+        if tuple(embed.shape) != (v, d):
+            raise ValueError(f"target embedding has shape {tuple(embed.shape)}, drafter "
+                             f"expects {(v, d)}")
+        self._embed, self._lm_head, self._linear = embed, lm_head, linear
+        return self
+
+    def bind_llama(self, llama) -> DSparkDrafter:
+        """Bind a loaded ``Llama``'s embedding and (possibly oneDNN-packed) LM head."""
+        return self.bind_target(llama.embed, llama.lm_head, llama.linear)
+
+    @torch.no_grad()
+    def init_from_target(self, llama, layer_ids: tuple[int, ...] | None = None) -> None:
+        """Copy target decoder layers (default: the last N) into the draft layers, the
+        target's final norm into ours and its MASK embedding row into ``mask_embed``."""
+        n = len(self.layers)
+        layer_ids = tuple(range(llama.args.num_layers - n, llama.args.num_layers)) \
+            if layer_ids is None else tuple(layer_ids)
+        if len(layer_ids) != n:
+            raise ValueError(f"init_from_target: {len(layer_ids)} layer ids for {n} draft layers")
+        for mine, i in zip(self.layers, layer_ids):
+            for name, p in mine.named_parameters():
+                src = llama.layers[i][name]
+                if tuple(src.shape) != tuple(p.shape):
+                    raise ValueError(f"init_from_target: target layer {i} {name} has shape "
+                                     f"{tuple(src.shape)}, draft layer expects {tuple(p.shape)} "
+                                     "(load the target unpacked, e.g. fp32, with equal dims)")
+                p.copy_(src)
+        self.norm.copy_(llama.norm)
+        self.mask_embed.copy_(llama.embed[self.config.mask_token_id])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.dtype
+
+    # ---- backbone --------------------------------------------------------------------
+    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos [...] -> cos, sin_signed [..., 1, hd] (fp32 tables cast like llama.py's)."""
+        freqs = pos.unsqueeze(-1).float() * self._inv_freq.to(pos.device)  # [..., hd/2]
+        emb = torch.cat([freqs, freqs], -1)
+        sin, half = emb.sin(), self.config.head_dim // 2
+        sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], -1)
+        return emb.cos().to(self.dtype).unsqueeze(-2), sin_signed.to(self.dtype).unsqueeze(-2)
+
+    def context_mask(self, ctx_positions: torch.Tensor, ctx_lengths: torch.Tensor,
+                     anchor_pos: torch.Tensor) -> torch.Tensor:
+        """[B, C] bool: valid, strictly before the anchor and inside the window W."""
+        idx = torch.arange(ctx_positions.shape[1], device=ctx_positions.device)
+        ap = anchor_pos.unsqueeze(1)
+        return (idx < ctx_lengths.unsqueeze(1)) & (ctx_positions < ap) & \
+            (ctx_positions >= ap - self.config.context_window)
+
+    def backbone(self, ctx_rows: torch.Tensor, ctx_positions: torch.Tensor,
+                 ctx_lengths: torch.Tensor, anchors: torch.Tensor,
+                 anchor_pos: torch.Tensor) -> torch.Tensor:
+        """Final-norm block states h [B, K, d] (slot s yields U_{s+1})."""
+        if self._embed is None:
+            raise RuntimeError("DSparkDrafter: call bind_target/bind_llama first")
+        c, dt = self.config, self.dtype
+        b, k, d = anchors.shape[0], c.block_size, c.hidden_size
+        ctx = F.rms_norm(F.linear(ctx_rows.to(dt), self.fc), (d,), self.ctx_norm,
+                         c.rms_norm_eps)  # [B, C, d]
+        x = torch.cat([F.embedding(anchors.unsqueeze(1), self._embed).to(dt),
+                       self.mask_embed.expand(b, k - 1, d)], 1)  # [B, K, d]
+        blk_pos = anchor_pos.unsqueeze(1) + torch.arange(k, device=anchors.device)  # [B, K]
+        valid = self.context_mask(ctx_positions, ctx_lengths, anchor_pos)
+        mask = torch.cat([valid, valid.new_ones(b, k)], 1)[:, None, None, :]  # [B,1,1,C+K]
+        rope_blk, rope_ctx = self._rope(blk_pos), self._rope(ctx_positions)
+        for layer in self.layers:
+            x = layer(x, ctx, rope_blk, rope_ctx, mask)
+        return F.rms_norm(x, (d,), self.norm, c.rms_norm_eps)
+
+    def base_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [B, K, d] -> U [B, K, V] float32 through the target's LM head."""
+        b, k, d = h.shape
+        return self._linear(h.reshape(b * k, d), self._lm_head).float().view(b, k, -1)
+
+    # ---- Markov and confidence heads ---------------------------------------------------
+    def markov_bias(self, prev: torch.Tensor) -> torch.Tensor | None:
+        """B(prev) = W2 @ W1[prev]: [...] -> [..., V] float32 (None when r = 0)."""
+        if not self.config.markov_rank:
+            return None
+        return F.linear(F.embedding(prev, self.markov_w1), self.markov_w2).float()
+
+    def corrected_logits(self, base: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced U_k + B(x_{k-1}): base [B, K, V], prev_tokens [B, K]."""
+        bias = self.markov_bias(prev_tokens)
+        return base if bias is None else base + bias
+
+    def confidence_logits(self, h: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """z_k = w . [h_k ; W1[x_{k-1}]] + b: h [..., d], prev [...] -> [...] float32."""
+        if self.config.markov_rank:
+            h = torch.cat([h, F.embedding(prev_tokens, self.markov_w1)], -1)
+        return F.linear(h, self.conf_w, self.conf_b).squeeze(-1).float()
+
+    # ---- drafting and training ---------------------------------------------------------
+    @torch.no_grad()
+    def draft(self, ctx_rows: torch.Tensor, ctx_positions: torch.Tensor,
+              ctx_lengths: torch.Tensor, anchors: torch.Tensor, anchor_pos: torch.Tensor,
+              temperature: float = 0.0, generator: torch.Generator | None = None,
+              return_dists: bool = False) -> DraftOutput:
+        """Draft K tokens per request, left to right through the Markov head.
+
+        ctx_rows [B, C, m*d], ctx_positions [B, C], ctx_lengths [B], anchors [B],
+        anchor_pos [B]. temperature 0 is greedy, and then p_k is the one-hot of the
+        argmax (the distribution actually drafted from).
+        """
+        h = self.backbone(ctx_rows, ctx_positions, ctx_lengths, anchors, anchor_pos)
+        base = self.base_logits(h)  # [B, K, V]
+        prev, toks, probs, dists, confs = anchors, [], [], [], []
+        for k in range(self.config.block_size):
+            bias = self.markov_bias(prev)
+            logits = base[:, k] if bias is None else base[:, k] + bias  # [B, V]
+            confs.append(torch.sigmoid(self.confidence_logits(h[:, k], prev)))
+            if temperature > 0:
+                p = torch.softmax(logits / temperature, -1)
+                x = torch.multinomial(p, 1, generator=generator).squeeze(1)
+            else:
+                x = logits.argmax(-1)
+                p = F.one_hot(x, logits.shape[-1]).float()
+            toks.append(x)
+            probs.append(p.gather(1, x.unsqueeze(1)).squeeze(1))
+            if return_dists:
+                dists.append(p)
+            prev = x
+        return DraftOutput(torch.stack(toks, 1), torch.stack(probs, 1),
+                           torch.stack(dists, 1) if return_dists else None,
+                           torch.stack(confs, 1))
+
+    def loss(self, ctx_rows: torch.Tensor, ctx_positions: torch.Tensor,
+             ctx_lengths: torch.Tensor, anchors: torch.Tensor, anchor_pos: torch.Tensor,
+             labels: torch.Tensor, target_probs: torch.Tensor,
+             slot_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """DSPARK.md 2.4 for a batch of anchors, teacher-forced.
+
+        labels [B, K] (tokens anchor_pos+1..anchor_pos+K), target_probs [B, K, V]
+        (p_t at anchor_pos+k-1), slot_mask [B, K] bool (False past the end).
+        Returns (total, {"ce", "l1", "bce"}), each a w_k-weighted mean over live slots.
+        """
+        b, k = labels.shape
+        mask = torch.ones_like(labels, dtype=torch.bool) if slot_mask is None else slot_mask
+        labels = torch.where(mask, labels, torch.zeros_like(labels))
+        prev = torch.cat([anchors.unsqueeze(1), labels[:, :-1]], 1)  # [B, K]
+        h = self.backbone(ctx_rows, ctx_positions, ctx_lengths, anchors, anchor_pos)
+        logits = self.corrected_logits(self.base_logits(h), prev)  # [B, K, V]
+        ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(b, k)
+        l1 = (torch.softmax(logits, -1) - target_probs.float()).abs().sum(-1)  # [B, K]
+        c_star = (1 - 0.5 * l1).detach().clamp(0, 1)
+        z = self.confidence_logits(h, prev)
+        bce = F.binary_cross_entropy_with_logits(z, c_star, reduction="none")
+        w = torch.exp(-torch.arange(k, device=labels.device, dtype=torch.float32) / SLOT_DECAY)
+        w = w.unsqueeze(0) * mask.float()  # [B, K]
+        denom = w.sum().clamp_min(1e-9)
+        parts = {n: (w * t).sum() / denom for n, t in (("ce", ce), ("l1", l1), ("bce", bce))}
+        total = CE_WEIGHT * parts["ce"] + L1_WEIGHT * parts["l1"] + BCE_WEIGHT * parts["bce"]
+        return total, {n: t.detach() for n, t in parts.items()}
