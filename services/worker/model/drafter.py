@@ -163,7 +163,8 @@ class DraftLayer(torch.nn.Module):
         self.q_dim = c.num_heads * hd
         std = 0.02
         self.ln1 = torch.nn.Parameter(torch.ones(d))
-        self.wqkv = torch.nn.Parameter(torch.randn((c.num_heads + 2 * c.num_kv_heads) * hd, d) * std)
+        qkv_rows = (c.num_heads + 2 * c.num_kv_heads) * hd
+        self.wqkv = torch.nn.Parameter(torch.randn(qkv_rows, d) * std)
         self.wo = torch.nn.Parameter(torch.randn(d, self.q_dim) * std)
         self.ln2 = torch.nn.Parameter(torch.ones(d))
         self.w13 = torch.nn.Parameter(torch.randn(2 * c.intermediate_size, d) * std)
@@ -211,8 +212,9 @@ class DSparkDrafter(torch.nn.Module):
         self.conf_w = torch.nn.Parameter(torch.zeros(1, d + r))
         self.conf_b = torch.nn.Parameter(torch.zeros(1))
         # fp32 on purpose, kept out of the state dict and out of Module.to(dtype)
-        self._inv_freq = rope_inv_freq(SimpleNamespace(
-            head_dim=c.head_dim, rope_theta=c.rope_theta, rope_scaling=c.rope_scaling))
+        with torch.device("cpu"):  # also when built under a meta-device context
+            self._inv_freq = rope_inv_freq(SimpleNamespace(
+                head_dim=c.head_dim, rope_theta=c.rope_theta, rope_scaling=c.rope_scaling))
         self._embed: torch.Tensor | None = None
         self._lm_head: torch.Tensor | None = None
         self._linear: Callable = F.linear
@@ -241,13 +243,16 @@ class DSparkDrafter(torch.nn.Module):
             if layer_ids is None else tuple(layer_ids)
         if len(layer_ids) != n:
             raise ValueError(f"init_from_target: {len(layer_ids)} layer ids for {n} draft layers")
+        # bf16 CPU targets pack their decode weights; wide_layers (when kept) are plain
+        src_layers = getattr(llama, "wide_layers", None) or llama.layers
         for mine, i in zip(self.layers, layer_ids):
             for name, p in mine.named_parameters():
-                src = llama.layers[i][name]
-                if tuple(src.shape) != tuple(p.shape):
+                src = src_layers[i][name]
+                if src.is_mkldnn or tuple(src.shape) != tuple(p.shape):
                     raise ValueError(f"init_from_target: target layer {i} {name} has shape "
-                                     f"{tuple(src.shape)}, draft layer expects {tuple(p.shape)} "
-                                     "(load the target unpacked, e.g. fp32, with equal dims)")
+                                     f"{tuple(src.shape)} (mkldnn-packed={src.is_mkldnn}), draft "
+                                     f"layer expects {tuple(p.shape)} unpacked (load the "
+                                     "target in fp32, or give the draft layers its dims)")
                 p.copy_(src)
         self.norm.copy_(llama.norm)
         self.mask_embed.copy_(llama.embed[self.config.mask_token_id])
