@@ -200,8 +200,16 @@ def plot(result: dict, path: Path) -> bool:
     return True
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # unwind: the finally blocks stop the services
+
+
 def main(args) -> int:
+    import signal
+
     from dspark.shared.config import default_model_dir
+
+    signal.signal(signal.SIGTERM, _interrupt)
     from dspark.worker.convert import prepare_default_model
 
     model_dir = prepare_default_model()
