@@ -128,6 +128,18 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _datasets_dir():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
+
+
+def cmd_gen_drafter_data(args) -> int:
+    from dspark.worker.training.selfgen import main as selfgen_main
+
+    return selfgen_main(args)
+
+
 def cmd_bench(args) -> int:
     from dspark.shared.bench import main as bench_main
 
@@ -177,6 +189,22 @@ def build_parser() -> argparse.ArgumentParser:
         add_config_args(sp, cls)
         sp.add_argument("--log-level", default="INFO")
         sp.set_defaults(fn=fn)
+
+    d = sub.add_parser("gen-drafter-data",
+                       help="generate the target's own answers to the training prompts")
+    d.add_argument("--prompts", default=str(_datasets_dir() / "train"),
+                   help="folder of *.jsonl prompt files (default: ../shared/datasets/train)")
+    d.add_argument("--out", default="data/selfgen", help="output folder (a subfolder per model)")
+    d.add_argument("--model", default="")
+    d.add_argument("--dtype", default="auto")
+    d.add_argument("--device", default="cpu")
+    d.add_argument("--max-tokens", type=int, default=256)
+    d.add_argument("--batch", type=int, default=32)
+    d.add_argument("--temperature", type=float, default=0.0)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--time-budget-min", type=float, default=0.0, help="0 = no limit")
+    d.add_argument("--limit", type=int, default=0, help="at most this many new prompts")
+    d.set_defaults(fn=cmd_gen_drafter_data)
 
     b = sub.add_parser("bench", help="benchmark against transformers generate()")
     b.add_argument("--json", default=None, help="write the results here")
