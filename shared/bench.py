@@ -31,7 +31,7 @@ def load_eval_prompts(n: int) -> list[str]:
     """n first-turn prompts, round robin over the eval sets."""
     per = {}
     for name in EVAL_SETS:
-        lines = (datasets_dir() / "eval" / f"{name}.jsonl").read_text().splitlines()
+        lines = (datasets_dir() / "eval" / f"{name}.jsonl").read_text(encoding="utf-8").split("\n")
         per[name] = [json.loads(x)["turns"][0] for x in lines if x.strip()]
     out, i = [], 0
     while len(out) < n:

@@ -81,3 +81,12 @@ def test_heldout_split_is_stable_and_small():
     held = [i for i in ids if split_of(i) == "heldout"]
     assert 0.03 < len(held) / len(ids) < 0.07
     assert held == [i for i in ids if split_of(i) == "heldout"]
+
+
+def test_prompts_with_unicode_line_separators_load(tmp_path):
+    from dspark.worker.training.selfgen import load_prompts
+
+    (tmp_path / "set.jsonl").write_text(
+        json.dumps({"turns": ["a\u2028b"]}, ensure_ascii=False) + "\n"
+        + json.dumps({"turns": ["c"]}) + "\n", encoding="utf-8")
+    assert load_prompts(tmp_path) == [("set:0", "a\u2028b"), ("set:1", "c")]

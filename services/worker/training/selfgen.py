@@ -34,7 +34,8 @@ def load_prompts(train_dir: Path) -> list[tuple[str, str]]:
     """(id, first turn) of every prompt in train_dir/*.jsonl, id = "<file stem>:<line>"."""
     out = []
     for f in sorted(Path(train_dir).glob("*.jsonl")):
-        for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
+        # split on "\n" only: str.splitlines() also breaks at U+2028 inside strings
+        for i, line in enumerate(f.read_text(encoding="utf-8").split("\n")):
             if line.strip():
                 out.append((f"{f.stem}:{i}", json.loads(line)["turns"][0]))
     return out
