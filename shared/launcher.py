@@ -122,22 +122,28 @@ def start_cluster(*, replicas: int = 1, host: str = "127.0.0.1", router_port: in
         raise
 
 
-def serve_all(args) -> int:
-    """The body of `dspark serve`."""
+def worker_flags(args) -> list[str]:
+    """The `dspark worker` flags for the WorkerConfig options given to `serve`."""
     from dspark.shared.config import WorkerConfig
 
-    wargs: list[str] = []
+    flags: list[str] = []
     for f in WorkerConfig.__dataclass_fields__:
         v = getattr(args, f, None)
         if v is None or f in ("host", "port"):
             continue
         flag = "--" + f.replace("_", "-")
         if isinstance(v, (list, tuple)):
-            wargs += [flag, *map(str, v)]
+            flags += [flag, *map(str, v)]
         elif isinstance(v, bool):
-            wargs += [flag if v else "--no-" + f.replace("_", "-")]
+            flags += [flag if v else "--no-" + f.replace("_", "-")]
         else:
-            wargs += [flag, str(v)]
+            flags += [flag, str(v)]
+    return flags
+
+
+def serve_all(args) -> int:
+    """The body of `dspark serve`."""
+    wargs = worker_flags(args)
     sargs: list[str] = []
     if args.max_num_seqs is not None:
         sargs += ["--max-num-seqs", str(args.max_num_seqs)]

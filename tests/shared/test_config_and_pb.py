@@ -77,3 +77,14 @@ def test_step_round_trip_with_tap_rows():
 def test_worker_info_round_trip():
     info = WorkerInfo("m", "id", 100, 8, 2, 64, 16, 512, (2, 3), "float32", "cpu", (0, 1))
     assert pb.info_from_pb(pb.info_to_pb(info)) == info
+
+
+def test_serve_passes_worker_options_through():
+    from dspark.shared.launcher import worker_flags
+
+    args = build_parser().parse_args(["serve", "--dtype", "float32", "--tap-layer-ids", "4", "9",
+                                      "--num-kv-blocks", "128"])
+    flags = worker_flags(args)
+    assert flags == ["--dtype", "float32", "--num-kv-blocks", "128", "--tap-layer-ids", "4", "9"]
+    cfg = config_from_args(WorkerConfig, build_parser().parse_args(["worker", *flags]))
+    assert (cfg.dtype, cfg.num_kv_blocks, cfg.tap_layer_ids) == ("float32", 128, (4, 9))
