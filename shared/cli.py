@@ -206,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--limit", type=int, default=0, help="at most this many new prompts")
     d.set_defaults(fn=cmd_gen_drafter_data)
 
+    from dspark.worker.training.cli import add_parser as add_train_parser
+
+    add_train_parser(sub)
+
     b = sub.add_parser("bench", help="benchmark against transformers generate()")
     b.add_argument("--json", default=None, help="write the results here")
     b.add_argument("--num-prompts", type=int, default=8)

@@ -90,3 +90,23 @@ def test_prompts_with_unicode_line_separators_load(tmp_path):
         json.dumps({"turns": ["a\u2028b"]}, ensure_ascii=False) + "\n"
         + json.dumps({"turns": ["c"]}) + "\n", encoding="utf-8")
     assert load_prompts(tmp_path) == [("set:0", "a\u2028b"), ("set:1", "c")]
+
+
+def test_train_drafter_command_runs_and_resumes(tiny_model_dir, tmp_path):
+    from dspark.shared.cli import main
+
+    runner = _runner(tiny_model_dir)
+    prompts = [(f"set:{i}", f"question number {i} please") for i in range(40)]
+    generate(runner, FakeTokenizer(), prompts, tmp_path / "data", GenConfig(max_tokens=12, batch=8))
+    args = ["train-drafter", "--model", str(tiny_model_dir), "--data", str(tmp_path / "data"),
+            "--out", str(tmp_path / "dr"), "--max-steps", "2", "--tap-layer-ids", "0", "1",
+            "--block-size", "3", "--context-window", "8", "--markov-rank", "4",
+            "--num-draft-layers", "1", "--batch-anchors", "4", "--eval-anchors", "8",
+            "--json", str(tmp_path / "s.json")]
+    assert main(args) == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["steps"] == 2 and 1.0 <= s["heldout"]["tau"] <= 4.0
+    assert (tmp_path / "dr" / "drafter.safetensors").is_file()
+    args[args.index("--max-steps") + 1] = "3"
+    assert main(args) == 0  # resumes from the saved state
+    assert json.loads((tmp_path / "s.json").read_text())["steps"] == 3

@@ -1,0 +1,102 @@
+"""`dspark train-drafter`: train (or resume training) the DSpark drafter on the
+self-generated data, then report the held-out teacher-forced tau."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(args) -> int:
+    import torch
+
+    from dspark.shared.config import WorkerConfig
+    from dspark.worker.model.llama import load_llama
+    from dspark.worker.runner import model_fingerprint
+    from dspark.worker.training.selfgen import read_records
+    from dspark.worker.training.train import TrainConfig, Trainer, heldout_tau
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not args.model:
+        from dspark.worker.convert import prepare_default_model
+
+        prepare_default_model()
+    model_dir = WorkerConfig(model=args.model).model_dir
+    data = Path(args.data)
+    train_recs = list(read_records(data, "train"))
+    held = list(read_records(data, "heldout"))
+    if not train_recs:
+        print(f"train-drafter: no training records in {data} (run `dspark gen-drafter-data`)",
+              file=sys.stderr)
+        return 1
+    # The target runs in fp32 for training: on CPUs without AMX its prefill-sized
+    # forwards are faster than bf16 ones, and the soft labels are exact.
+    llama = load_llama(model_dir, torch.float32, torch.device("cpu"), max_len=args.max_seq_len)
+    out = Path(args.out)
+    resume = out if args.resume and (out / "train_state.pt").is_file() else None
+    cfg = TrainConfig(out_dir=str(out), seed=args.seed, lr=args.lr,
+                      batch_anchors=args.batch_anchors, seqs_per_step=args.seqs_per_step,
+                      time_budget_s=args.time_budget_min * 60 if args.time_budget_min else None,
+                      max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
+                      feature_cache=args.feature_cache,
+                      drafter_overrides=_drafter_overrides(args))
+    print(f"[train] {len(train_recs)} training / {len(held)} held-out sequences from {data}; "
+          f"{'resuming from ' + str(out) if resume else 'fresh drafter'}", file=sys.stderr)
+    tr = Trainer(llama, model_fingerprint(model_dir), train_recs, cfg, resume_dir=resume)
+    stats = tr.run()
+    tr.save_train_state(out)
+    result = {k: v for k, v in stats.items() if k != "drafter"}
+    if held and args.eval_anchors:
+        result["heldout"] = heldout_tau(tr.drafter, llama, held, max_anchors=args.eval_anchors)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def _drafter_overrides(args) -> dict:
+    """DrafterConfig fields given on the command line (a fresh drafter only)."""
+    out = {}
+    for name in ("block_size", "markov_rank", "context_window", "num_draft_layers"):
+        if getattr(args, name) is not None:
+            out[name] = getattr(args, name)
+    if args.tap_layer_ids:
+        out["target_layer_ids"] = tuple(args.tap_layer_ids)
+    return out
+
+
+def add_parser(sub) -> None:
+    t = sub.add_parser("train-drafter", help="train the DSpark drafter on self-generated data")
+    t.add_argument("--data", default="data/selfgen/SmolLM2-135M-Instruct",
+                   help="shards written by `dspark gen-drafter-data`")
+    t.add_argument("--out", default="drafters/SmolLM2-135M-Instruct",
+                   help="checkpoint folder (drafter + resumable train state)")
+    t.add_argument("--model", default="", help="target checkpoint (default: the default model)")
+    t.add_argument("--resume", action=argparse_bool(), default=True,
+                   help="continue from --out when it holds a train state (default: yes)")
+    t.add_argument("--time-budget-min", type=float, default=0.0)
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--lr", type=float, default=6e-4)
+    t.add_argument("--batch-anchors", type=int, default=32)
+    t.add_argument("--seqs-per-step", type=int, default=2)
+    t.add_argument("--feature-cache", type=int, default=64)
+    t.add_argument("--checkpoint-every", type=int, default=200)
+    t.add_argument("--max-seq-len", type=int, default=2048)
+    t.add_argument("--eval-anchors", type=int, default=512, help="held-out anchors for tau")
+    t.add_argument("--threads", type=int, default=0)
+    t.add_argument("--tap-layer-ids", type=int, nargs="+", default=None,
+                   help="target layers feeding the drafter (default 8 16 24)")
+    t.add_argument("--block-size", type=int, default=None, help="K (default 7)")
+    t.add_argument("--markov-rank", type=int, default=None, help="r (default 64; 0 = DFlash)")
+    t.add_argument("--context-window", type=int, default=None, help="W (default 128)")
+    t.add_argument("--num-draft-layers", type=int, default=None, help="N (default 2)")
+    t.add_argument("--json", default=None, help="write the stats here")
+    t.set_defaults(fn=main)
+
+
+def argparse_bool():
+    import argparse
+
+    return argparse.BooleanOptionalAction
