@@ -54,3 +54,25 @@ def write_tiny_llama(path: Path, seed: int = 0, tied: bool = False, shards: int 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: intra-op threads only add wake-up latency (25x on a busy
+    2-core machine). Module-scoped; restores the thread count after."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir):
+    """The tiny random Llama loaded in fp32 (drafter and training tests)."""
+    import torch
+
+    from dspark.worker.model.llama import load_llama
+
+    return load_llama(tiny_model_dir, torch.float32, torch.device("cpu"), max_len=64)

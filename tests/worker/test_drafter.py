@@ -13,23 +13,11 @@ import torch
 
 from dspark.worker.model.drafter import DrafterConfig, DSparkDrafter, pad_context
 from dspark.worker.model.drafter_ckpt import CONFIG_FILE, WEIGHTS_FILE, load_drafter, save_drafter
-from dspark.worker.model.llama import load_llama
 
 K, W = 4, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: intra-op threads only add wake-up latency (25x on a busy 2-core box)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def target(tiny_model_dir):
-    return load_llama(tiny_model_dir, torch.float32, torch.device("cpu"), max_len=64)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_config(llama, **kw) -> DrafterConfig:

@@ -10,7 +10,6 @@ import torch
 
 from dspark.worker.model.drafter import DraftOutput
 from dspark.worker.model.drafter_ckpt import load_drafter
-from dspark.worker.model.llama import load_llama
 from dspark.worker.training.features import target_features
 from dspark.worker.training.train import (STATE_FILE, TrainConfig, Trainer, block_targets,
                                           heldout_tau, make_batch, sample_anchors, train)
@@ -23,17 +22,7 @@ OVR = dict(target_layer_ids=TAPS, block_size=K, context_window=W, num_draft_laye
            markov_rank=8)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def target(tiny_model_dir):
-    return load_llama(tiny_model_dir, torch.float32, torch.device("cpu"), max_len=64)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def records(n=3, seed=0):
