@@ -79,8 +79,11 @@ def _filtered_logits(logits: torch.Tensor, params: list[RowParams]) -> torch.Ten
                          device=logits.device)
         remove |= torch.arange(vocab, device=logits.device)[None, :] >= k[:, None]
     if need_p:
-        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype,
-                             device=logits.device)
+        # rows without top-p get a threshold above any cumulative sum: their
+        # float32 running sum can round past 1.0 before the tail, which would
+        # cut the tail of a top_p=1 row only because its batch has a top-p row
+        top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params],
+                             dtype=logits.dtype, device=logits.device)
         probs = torch.softmax(sorted_l.masked_fill(remove, float("-inf")), dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each token
         remove |= before >= top_p[:, None]
