@@ -13,15 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-_MASK64 = (1 << 64) - 1
-
-
-def mix_seed(seed: int, position: int) -> int:
-    """SplitMix64-style mix of (seed, position) into a 63-bit generator seed."""
-    z = (int(seed) * 0x9E3779B97F4A7C15 + int(position) + 0x632BE59BD9B4E019) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+from dspark.shared.rng import mix_seed  # stream 0 of the counter-based RNG
 
 
 @dataclass(frozen=True)
