@@ -47,8 +47,9 @@ class VerifyInput:
     draft_tokens: list[int]  # [K] d_1..d_K, K >= 0
     params: RowParams  # the request's temperature, top_k, top_p, seed
     anchor_position: int  # position of the anchor row (row 0)
-    # [K, V] the drafter's processed distributions p_1..p_K (processed_probs
-    # rows), or None for a one-hot (greedy) draft
+    # [K, V] the distributions p_1..p_K the drafts were actually drawn from
+    # (processed_probs rows + sample_draft), or None when each d_i is the
+    # argmax (one-hot p). Passing full rows for argmax drafts is lossy.
     draft_probs: torch.Tensor | None = None
 
 

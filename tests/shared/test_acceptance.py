@@ -123,6 +123,15 @@ def test_truncate(tokens, kw, kept, reason):
     assert truncate(tokens, **args) == (kept, reason)
 
 
+def test_accept_then_truncate_a_stop_inside_the_accepted_run():
+    acc = accept(_greedy([5, 2, 7], [5, 2, 7, 8]), greedy=True)
+    assert acc == Acceptance(3, [5, 2, 7, 8])
+    assert truncate(acc.tokens, remaining_tokens=10, remaining_len=10,
+                    eos_token_ids=EOS) == ([5, 2], FinishReason.STOP)
+    assert truncate(acc.tokens, remaining_tokens=10, remaining_len=10, eos_token_ids=EOS,
+                    ignore_eos=True) == ([5, 2, 7, 8], FinishReason.NONE)
+
+
 def test_truncate_needs_room():
     with pytest.raises(ValueError, match="remaining_tokens=0"):
         truncate([1], remaining_tokens=0, remaining_len=5)
