@@ -130,7 +130,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                  max_tokens=v.sampling.max_tokens, temperature=v.sampling.temperature)
         submit = scheduler_pb2.SubmitRequest(
             request_id=rid, prompt_token_ids=v.prompt_token_ids,
-            sampling=pb.sampling_to_pb(v.sampling))
+            sampling=pb.sampling_to_pb(v.sampling),
+            return_spec_summary=request.return_spec_summary)
         self._running[rid] = ""
         try:
             async for resp in self._dispatch(rid, submit, v, detok):
@@ -166,7 +167,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                         finish = FinishReason.STOP  # stop string: end it here
                     if finish != FinishReason.NONE:
                         text += detok.flush()
-                        yield self._final(rid, text, r.token_ids, finish, v, n_out)
+                        final = self._final(rid, text, r.token_ids, finish, v, n_out)
+                        if r.HasField("spec_summary"):
+                            final.spec_summary.CopyFrom(r.spec_summary)
+                        yield final
                         log.info("request_finished", reason=finish.name, output_tokens=n_out,
                                  replica=addr)
                         return

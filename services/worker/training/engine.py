@@ -22,10 +22,11 @@ class OfflineEngine:
                                       max_num_batched_tokens=max_num_batched_tokens,
                                       max_waiting=max_num_seqs)
         self.tokens_generated = 0
+        self.core: Scheduler | None = None  # the last generate()'s (its spec_totals)
 
     def generate(self, items: Iterable[tuple[str, list[int], SamplingParams]]
                  ) -> Iterator[tuple[str, list[int], str]]:
-        core = Scheduler(self.config, self.info)
+        core = self.core = Scheduler(self.config, self.info)
         pending = iter(items)
         outputs: dict[str, list[int]] = {}
         exhausted = False
