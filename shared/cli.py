@@ -209,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dspark.worker.training.cli import add_parser as add_train_parser
 
     add_train_parser(sub)
+    from dspark.worker.training.evaluate import add_parser as add_eval_parser
+
+    add_eval_parser(sub, _datasets_dir())
 
     b = sub.add_parser("bench", help="benchmark against transformers generate()")
     b.add_argument("--json", default=None, help="write the results here")

@@ -15,9 +15,12 @@ class OfflineEngine:
     """generate(): feed (id, prompt ids, params) items, yield (id, output ids,
     finish reason) as requests finish, keeping up to max_num_seqs in flight."""
 
-    def __init__(self, runner, max_num_seqs: int = 32, max_num_batched_tokens: int = 1024):
+    def __init__(self, runner, max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
+                 info=None):
         self.runner = runner
-        self.info = runner.info()
+        # info override: e.g. num_speculative_tokens=0 runs plain decoding on a
+        # runner that has a drafter
+        self.info = info or runner.info()
         self.config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens,
                                       max_waiting=max_num_seqs)
