@@ -25,13 +25,82 @@ def default_model_dir() -> Path:
     return cache_dir() / "models" / DEFAULT_MODEL_NAME
 
 
+OPS_FIELDS = ("metrics_port", "drain_timeout", "tls_cert", "tls_key", "tls_client_ca",
+              "tls_ca", "tls_client_cert", "tls_client_key")
+
+
 def _check(cond: bool, name: str, value, limit: str) -> None:
     if not cond:
         raise ValueError(f"{name}={value!r} is invalid: must be {limit}")
 
 
+def _check_file(name: str, path: str) -> None:
+    _check(not path or Path(path).is_file(), name, path, "a readable file")
+
+
 @dataclass
-class WorkerConfig:
+class ServerOpsConfig:
+    """What every service's server has: metrics, drain, TLS (composed into
+    each service's config; fields come first in the flag list)."""
+
+    metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 = off
+    drain_timeout: float = 30.0  # seconds in-flight work may take after SIGTERM
+    tls_cert: str = ""  # PEM certificate of this service; set = serve TLS only
+    tls_key: str = ""  # PEM private key of tls_cert
+    tls_client_ca: str = ""  # PEM CA; set = mutual TLS: clients must show a cert it signed
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.metrics_port < 65536, "metrics_port", self.metrics_port,
+               "in 0..65535 (0 = off)")
+        _check(self.drain_timeout >= 0, "drain_timeout", self.drain_timeout, ">= 0 seconds")
+        _check(bool(self.tls_cert) == bool(self.tls_key), "tls_key", self.tls_key,
+               "set together with tls_cert")
+        _check(not self.tls_client_ca or bool(self.tls_cert), "tls_client_ca",
+               self.tls_client_ca, "used with tls_cert (mutual TLS needs a server certificate)")
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            _check_file(name, getattr(self, name))
+
+
+@dataclass
+class UpstreamTLSConfig:
+    """How a service reaches its next hop (router -> scheduler -> worker)."""
+
+    tls_ca: str = ""  # PEM CA of the next hop's certificate; set = connect with TLS
+    tls_client_cert: str = ""  # our certificate for mutual TLS with the next hop
+    tls_client_key: str = ""  # its private key
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(bool(self.tls_client_cert) == bool(self.tls_client_key), "tls_client_key",
+               self.tls_client_key, "set together with tls_client_cert")
+        _check(not self.tls_client_cert or bool(self.tls_ca), "tls_client_cert",
+               self.tls_client_cert, "used with tls_ca")
+        for name in ("tls_ca", "tls_client_cert", "tls_client_key"):
+            _check_file(name, getattr(self, name))
+
+
+@dataclass
+class PublicAPIConfig:
+    """The router's public front doors: OpenAI-compatible HTTP, API keys, limits."""
+
+    http_port: int = 0  # OpenAI-compatible HTTP API on host:http_port; 0 = off
+    api_keys_file: str = ""  # one key per line (or NAME KEY); set = keys required
+    rate_limit_rps: float = 0.0  # requests/s per API key; 0 = unlimited
+    rate_limit_burst: int = 0  # bucket size; 0 = max(1, rate_limit_rps)
+    max_request_bytes: int = 4 * 1024 * 1024  # one HTTP body / gRPC message
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(0 <= self.http_port < 65536, "http_port", self.http_port, "in 0..65535 (0 = off)")
+        _check(self.rate_limit_rps >= 0, "rate_limit_rps", self.rate_limit_rps, ">= 0")
+        _check(self.rate_limit_burst >= 0, "rate_limit_burst", self.rate_limit_burst, ">= 0")
+        _check(self.max_request_bytes >= 1024, "max_request_bytes", self.max_request_bytes,
+               ">= 1024")
+        _check_file("api_keys_file", self.api_keys_file)
+
+
+@dataclass
+class WorkerConfig(ServerOpsConfig):
     """The model runtime of one worker."""
 
     model: str = ""  # checkpoint directory; "" = the prepared default model
@@ -47,6 +116,7 @@ class WorkerConfig:
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(self.dtype in ("auto", "bfloat16", "float32"), "dtype", self.dtype,
                "one of auto, bfloat16, float32")
         _check(self.device in ("cpu", "cuda", "npu"), "device", self.device,
@@ -66,7 +136,7 @@ class WorkerConfig:
 
 
 @dataclass
-class SchedulerConfig:
+class SchedulerConfig(UpstreamTLSConfig, ServerOpsConfig):
     """Continuous batching of one model replica."""
 
     worker: str = f"{DEFAULT_HOST}:{DEFAULT_WORKER_PORT}"
@@ -80,6 +150,7 @@ class SchedulerConfig:
     port: int = DEFAULT_SCHEDULER_PORT
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
                self.max_num_batched_tokens, ">= 1")
         _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, ">= 1")
@@ -89,7 +160,7 @@ class SchedulerConfig:
 
 
 @dataclass
-class RouterConfig:
+class RouterConfig(PublicAPIConfig, UpstreamTLSConfig, ServerOpsConfig):
     """The public gateway."""
 
     schedulers: tuple[str, ...] = (f"{DEFAULT_HOST}:{DEFAULT_SCHEDULER_PORT}",)
@@ -106,6 +177,7 @@ class RouterConfig:
     port: int = DEFAULT_ROUTER_PORT
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.schedulers = tuple(self.schedulers)
         _check(len(self.schedulers) >= 1, "schedulers", self.schedulers, "at least one address")
         _check(self.default_max_tokens >= 1, "default_max_tokens", self.default_max_tokens, ">= 1")

@@ -37,9 +37,11 @@ def _free_port_block(n: int) -> int:
 @pytest.fixture(scope="session")
 def cluster(default_model_dir, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("e2e-logs")
-    base = _free_port_block(5)
+    base = _free_port_block(11)
+    # router gRPC, 2 x (scheduler, worker), router HTTP, 5 metrics ports
     c = start_cluster(
-        replicas=2, router_port=base, base_port=base + 1,
+        replicas=2, router_port=base, base_port=base + 1, http_port=base + 5,
+        metrics_base_port=base + 6,
         worker_args=["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
                      "--num-kv-blocks", "512", "--num-threads", "1"],
         scheduler_args=["--max-num-seqs", "16", "--max-num-batched-tokens", "256"],
