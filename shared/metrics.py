@@ -213,7 +213,7 @@ class SchedulerMetrics(_RequestMetricsMixin, ServiceMetrics):
         """
         if num_accepted < 0 or num_accepted > num_draft_tokens:
             raise ValueError(f"num_accepted={num_accepted} is invalid: must be in "
-                             f"0..num_draft_tokens ({num_draft_tokens})")
+                             f"0..{max(num_draft_tokens, 0)} (num_draft_tokens)")
         if fallback:
             self.spec_fallback_steps.inc()
         if num_draft_tokens <= 0:

@@ -56,6 +56,7 @@ class OpenAIApi:
         self.gate = gate
         self.metrics = metrics
         self.default_max_tokens = default_max_tokens
+        self.max_request_bytes = max_request_bytes
         self.app = web.Application(client_max_size=max_request_bytes,
                                    middlewares=[self._errors_mw])
         self.app.add_routes([
@@ -92,9 +93,9 @@ class OpenAIApi:
     async def _errors_mw(self, request: web.Request, handler):
         try:
             resp = await handler(request)
-        except web.HTTPRequestEntityTooLarge as e:
+        except web.HTTPRequestEntityTooLarge:
             resp = _json(413, oa.error_json(
-                413, f"request body too large: at most {e.max_size} bytes "
+                413, f"request body too large: at most {self.max_request_bytes} bytes "
                      "(max_request_bytes)", "invalid_request_error", "body",
                 "request_too_large"))
         except web.HTTPException as e:  # 404 / 405 of unknown routes
