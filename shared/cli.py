@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(s, WorkerConfig, skip=("host", "port", *OPS_FIELDS))
     s.add_argument("--http-port", type=int, default=8000,
                    help="OpenAI-compatible HTTP API port of the router; 0 = off (default 8000)")
+    s.add_argument("--metrics-port", type=int, default=0,
+                   help="first metrics port: router, then scheduler-i and worker-i in turn; "
+                        "0 = off (default)")
     s.add_argument("--drain-timeout", type=float, default=None,
                    help="seconds each service lets in-flight work finish after SIGTERM")
     s.add_argument("--replicas", type=int, default=1, help="scheduler+worker pairs (default 1)")

@@ -210,7 +210,8 @@ def serve_all(args) -> int:
                                 + (["--drain-timeout", str(drain)] if drain is not None else []),
                                 log_dir=log_dir,
                                 log_level=args.log_level,
-                                http_port=getattr(args, "http_port", 0) or 0)
+                                http_port=getattr(args, "http_port", 0) or 0,
+                                metrics_base_port=getattr(args, "metrics_port", 0) or 0)
     except (RuntimeError, TimeoutError) as e:
         print(f"dspark serve: {e}", file=sys.stderr)
         return 1
@@ -218,6 +219,8 @@ def serve_all(args) -> int:
     print(f"  router (public gRPC API): {cluster.router}")
     if cluster.http:
         print(f"  OpenAI-compatible HTTP API: http://{cluster.http}/v1")
+    for name, addr in cluster.metrics.items():
+        print(f"  metrics ({name}): http://{addr}/metrics")
     for s, w in zip(cluster.schedulers, cluster.workers):
         print(f"  scheduler: {s}   worker: {w}")
     print(f'\nTry:  dspark generate --prompt "What is speculative decoding?" --chat '

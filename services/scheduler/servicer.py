@@ -115,6 +115,20 @@ async def serve(config: SchedulerConfig) -> None:
     sampler = asyncio.create_task(_sample_load(engine, metrics))
     await svc.set_ready(True)
     log.info("ready", address=svc.address, worker=config.worker)
-    await svc.run_until_stopped(grace_s=config.drain_timeout, on_drain=engine.drain)
+    async def drain():
+        """Stop admitting; let requests finish within --drain-timeout; past
+        it, fail what is left with a clear UNAVAILABLE (not a bare cancel)."""
+        try:
+            await asyncio.wait_for(engine.drain(), timeout=config.drain_timeout)
+        except asyncio.TimeoutError:
+            d = engine.load()
+            log.warning("drain_timeout", drain_timeout_s=config.drain_timeout,
+                        unfinished=d.get("num_running", 0) + d.get("num_waiting", 0))
+            engine._fail_all(errors.Unavailable(
+                f"scheduler shut down: the request did not finish within the drain timeout "
+                f"({config.drain_timeout:g}s)"))
+            await asyncio.sleep(0.2)  # let the streams carry the error out
+
+    await svc.run_until_stopped(grace_s=config.drain_timeout + 1.0, on_drain=drain)
     sampler.cancel()
     await engine.close()
