@@ -118,8 +118,10 @@ def cmd_health(args) -> int:
     tls = None
     if args.tls_ca or args.tls:
         tls = ClientTLS(args.tls_ca, args.tls_client_cert, args.tls_client_key)
+    options = ([("grpc.ssl_target_name_override", args.tls_server_name)]
+               if args.tls_server_name else None)
     try:
-        with sync_channel(args.address, tls) as ch:
+        with sync_channel(args.address, tls, options=options) as ch:
             r = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
     except grpc.RpcError as e:
@@ -224,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--tls-ca", default="")
     h.add_argument("--tls-client-cert", default="")
     h.add_argument("--tls-client-key", default="")
+    h.add_argument("--tls-server-name", default="",
+                   help="name to check the server certificate against (default: the host)")
     h.set_defaults(fn=cmd_health)
 
     m = sub.add_parser("model", help="model management")

@@ -153,6 +153,10 @@ def test_health_command_speaks_tls(secure):
                 "--tls-client-key", pki.client_key)
     assert ok.returncode == 0 and "SERVING" in ok.stdout
     assert health().returncode == 1  # plaintext against a TLS port
+    named = ["--tls-ca", pki.ca, "--tls-client-cert", pki.client_cert,
+             "--tls-client-key", pki.client_key, "--tls-server-name"]
+    assert health(*named, "localhost").returncode == 0  # a name the certificate has
+    assert health(*named, "dspark-worker-9").returncode == 1  # one it has not
 
 
 # -- the HTTP API over TLS ------------------------------------------------------

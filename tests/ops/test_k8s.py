@@ -37,7 +37,8 @@ def test_committed_manifests_are_rendered():
 
 
 @pytest.mark.parametrize("variant", [
-    {}, {"replicas": 4}, {"accelerator": "nvidia.com/gpu", "image": "r/dspark:cuda"}])
+    {}, {"replicas": 4}, {"accelerator": "nvidia.com/gpu", "image": "r/dspark:cuda"},
+    {"tls_secret": "dspark-tls", "api_keys_secret": "dspark-api-keys"}])
 def test_manifests_validate_against_kubernetes_schemas(variant):
     docs = render.render(**variant) if variant else committed()
     for d in docs:
@@ -132,3 +133,34 @@ def test_scaling_and_accelerator():
     assert "nvidia.com/gpu" not in s["resources"]["limits"]  # only workers hold devices
     with pytest.raises(ValueError, match="replicas=0 is invalid"):
         render.render(replicas=0)
+
+
+def test_tls_variant_uses_exec_probes_and_mounted_secrets():
+    """The kubelet's gRPC probe has no TLS: with TLS the probes run `dspark
+    health` with the mounted certificates, checking the Service's name."""
+    from dspark.shared.cli import build_parser
+
+    docs = render.render(tls_secret="dspark-tls", api_keys_secret="dspark-api-keys")
+    for name, d, pod, c in _containers(docs):
+        kind = c["args"][0]
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            cmd = c[probe]["exec"]["command"]
+            assert cmd[:2] == ["dspark", "health"] and "grpc" not in c[probe]
+            assert cmd[cmd.index("--tls-server-name") + 1] == name  # Service name = SAN
+            ns = build_parser().parse_args(cmd[1:])
+            assert ns.address == f"127.0.0.1:{render.PORTS[kind]}"
+        assert {v["secret"]["secretName"] for v in pod["volumes"]} >= {"dspark-tls"}
+        env = by_kind(docs, "ConfigMap")["dspark-config"]["data"]
+        ns = build_parser().parse_args(
+            [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]])
+        assert ns.tls_cert == "/etc/dspark/tls/tls.crt"
+        if kind != "router":
+            assert ns.tls_client_ca == "/etc/dspark/tls/ca.crt"  # mutual inside
+        if kind != "worker":
+            assert ns.tls_ca == "/etc/dspark/tls/ca.crt"
+        assert d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
+    router = by_kind(docs, "Deployment")["dspark-router"]["spec"]["template"]["spec"]
+    args = router["containers"][0]["args"]
+    assert args[args.index("--api-keys-file") + 1] == "/etc/dspark/keys/api-keys.txt"
+    assert {"name": "api-keys", "mountPath": "/etc/dspark/keys", "readOnly": True} in \
+        router["containers"][0]["volumeMounts"]
