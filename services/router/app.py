@@ -43,12 +43,24 @@ class InstrumentedRouter(RouterServicer):
         m = self.metrics
         timer = m.request_timer()
         outcome = "internal"
+        done = False
         m.running.inc()
+
+        def record() -> None:  # once, when the final response goes out (or the call ends)
+            nonlocal done
+            if not done:
+                done = True
+                m.running.dec()
+                m.generation_tokens.inc(timer.num_tokens)
+                m.requests.labels(outcome=outcome).inc()
+                timer.finish()
+
         try:
             async for resp in super().Generate(request, context):
                 timer.on_tokens(len(resp.token_ids))
                 if resp.finish_reason:
                     outcome = _OUTCOMES.get(resp.finish_reason, "internal")
+                    record()  # before the caller sees the end
                     m.prompt_tokens.inc(resp.usage.prompt_tokens)
                 yield resp
         except errors.DSparkError as e:
@@ -58,10 +70,7 @@ class InstrumentedRouter(RouterServicer):
             outcome = "cancelled"
             raise
         finally:
-            m.running.dec()
-            m.generation_tokens.inc(timer.num_tokens)
-            m.requests.labels(outcome=outcome).inc()
-            timer.finish()
+            record()
 
 
 def _gate(config: RouterConfig) -> Gate:

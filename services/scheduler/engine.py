@@ -51,8 +51,11 @@ class Engine:
         self._task: asyncio.Task | None = None
         self.accepting = False
         self.steps = 0
-        # Metrics hook: on_step(duration_s, plan, outputs) after each step.
+        # Metrics hooks, set by the scheduler process (dspark.scheduler.ops):
+        # on_step(duration_s, plan, outputs) after each step, and the
+        # SchedulerMetrics set (record_spec_step per request per verify step).
         self.on_step = None
+        self.metrics = None
 
     # --- lifecycle ----------------------------------------------------------
 

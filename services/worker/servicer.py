@@ -4,14 +4,12 @@ checks and Info stay responsive while a step computes."""
 from __future__ import annotations
 
 import asyncio
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 
 from dspark.shared import errors, pb
 from dspark.shared.config import WorkerConfig
 from dspark.shared.logging import get_logger
-from dspark.shared.metrics import WorkerMetrics
 from dspark.shared.security import server_tls
 from dspark.shared.service import Service
 from dspark.v1 import worker_pb2, worker_pb2_grpc
@@ -20,24 +18,11 @@ SERVICE_NAME = "dspark.v1.Worker"
 log = get_logger(component="worker")
 
 
-# Drain: the worker has no admission of its own; after SIGTERM it keeps
-# executing steps until its scheduler has been quiet this long.
-DRAIN_IDLE_S = 1.0
-
-
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, runner=None, metrics: WorkerMetrics | None = None):
+    def __init__(self, runner=None):
         self.runner = runner  # None while the model loads: RPCs answer UNAVAILABLE
         # The one thread that runs every torch computation of this process.
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
-        self.metrics = metrics
-        self.steps_in_flight = 0
-        self.last_step_at = 0.0  # time.monotonic() of the last step's end
-
-    async def drain(self) -> None:
-        """Wait until no step runs and none arrived for DRAIN_IDLE_S."""
-        while self.steps_in_flight or time.monotonic() - self.last_step_at < DRAIN_IDLE_S:
-            await asyncio.sleep(0.05)
 
     def _require_runner(self):
         if self.runner is None:
@@ -54,15 +39,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         for s in plan.seqs:
             if s.start_position == 0:  # a request's first chunk reaches this worker
                 log.info("seq_started", request_id=s.request_id, step_id=plan.step_id)
-        self.steps_in_flight += 1
-        try:
-            out = await loop.run_in_executor(self.compute, self.runner.step, plan)
-        finally:
-            self.steps_in_flight -= 1
-            self.last_step_at = time.monotonic()
-        if self.metrics is not None:
-            self.metrics.observe_step(out.forward_ms / 1000.0, len(plan.seqs),
-                                      sum(len(s.token_ids) for s in plan.seqs))
+        out = await loop.run_in_executor(self.compute, self.runner.step, plan)
         log.debug("step", step_id=plan.step_id, seqs=len(plan.seqs),
                   tokens=sum(len(s.token_ids) for s in plan.seqs),
                   forward_ms=round(out.forward_ms, 2),
@@ -81,13 +58,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 async def serve(config: WorkerConfig) -> None:
     """Start the worker: bind first (liveness answers during loading), load the
     model, warm up, then turn readiness on."""
+    from dspark.shared.metrics import WorkerMetrics
+    from dspark.worker.ops import InstrumentedWorkerServicer
     from dspark.worker.runner import ModelRunner
 
     metrics = WorkerMetrics()
     svc = Service(SERVICE_NAME, config.host, config.port, tls=server_tls(config),
                   metrics=metrics, metrics_port=config.metrics_port)
     svc.install_signal_handlers()
-    servicer = WorkerServicer(metrics=metrics)
+    servicer = InstrumentedWorkerServicer(metrics)
     svc.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer,
             [worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name])
     await svc.start()
