@@ -13,15 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-_MASK64 = (1 << 64) - 1
-
-
-def mix_seed(seed: int, position: int) -> int:
-    """SplitMix64-style mix of (seed, position) into a 63-bit generator seed."""
-    z = (int(seed) * 0x9E3779B97F4A7C15 + int(position) + 0x632BE59BD9B4E019) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+from dspark.shared.rng import mix_seed  # stream 0 of the counter-based RNG
 
 
 @dataclass(frozen=True)
@@ -79,8 +71,11 @@ def _filtered_logits(logits: torch.Tensor, params: list[RowParams]) -> torch.Ten
                          device=logits.device)
         remove |= torch.arange(vocab, device=logits.device)[None, :] >= k[:, None]
     if need_p:
-        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype,
-                             device=logits.device)
+        # rows without top-p get a threshold above any cumulative sum: their
+        # float32 running sum can round past 1.0 before the tail, which would
+        # cut the tail of a top_p=1 row only because its batch has a top-p row
+        top_p = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params],
+                             dtype=logits.dtype, device=logits.device)
         probs = torch.softmax(sorted_l.masked_fill(remove, float("-inf")), dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each token
         remove |= before >= top_p[:, None]

@@ -271,3 +271,56 @@ def test_load_validation_errors(target, tmp_path, case, pattern):
         (tmp_path / WEIGHTS_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=pattern):
         load_drafter(tmp_path, info)
+
+
+# ---- shared-context training path and pruned draft vocabulary ---------------------------
+def test_shared_context_backbone_equals_per_anchor_windows(target):
+    """backbone_shared (context fused once per sequence) == backbone on each window."""
+    dr = make_drafter(target)
+    g = torch.Generator().manual_seed(5)
+    n = 20
+    taps = torch.randn(n, 3 * target.args.hidden_size, generator=g)
+    aps = torch.tensor([1, 4, 9, 15, 19])  # windows partly before position 0, full, ...
+    toks = torch.randint(0, 97, (len(aps),), generator=g)
+    shared = dr.backbone_shared(taps, toks, aps)
+    rows = [taps[max(0, p - W):p] for p in aps.tolist()]
+    pos = [torch.arange(max(0, p - W), p) for p in aps.tolist()]
+    ctx, cpos, clen = pad_context(rows, pos)
+    each = dr.backbone(ctx, cpos, clen, toks, aps)
+    torch.testing.assert_close(shared, each, atol=2e-5, rtol=2e-5)
+    # and gradients flow through the shared path to the fusion weights
+    shared.sum().backward()
+    assert dr.fc.grad is not None and dr.fc.grad.abs().sum() > 0
+
+
+def test_pruned_draft_vocabulary(target, tmp_path):
+    vocab = [5, 9, 2, 40, 41, 60, 61, 62, 70, 80, 90, 96]
+    dr = make_drafter(target, draft_vocab_size=len(vocab))
+    dr.set_draft_vocab(vocab)
+    dr.bind_llama(target)  # re-bind: the head is the draft rows of the target's
+    args = batch(target)
+    out = dr.draft(*args, return_dists=True)
+    assert set(out.tokens.flatten().tolist()) <= set(vocab)
+    assert out.dists.shape == (2, K, 97)
+    off = [t for t in range(97) if t not in vocab]
+    assert float(out.dists[..., off].abs().sum()) == 0.0
+    # the draft head's logits are the target head's rows of those tokens
+    h = dr.backbone(*args)
+    full = h @ target.lm_head.T
+    torch.testing.assert_close(dr.base_logits(h), full[..., vocab])
+    # loss: a label outside the draft vocab gets no CE, and p_t's mass off the vocab
+    # counts in the L1 distance
+    labels = torch.tensor([[5, 9, 2, 40], [1, 3, 4, 6]])  # row 1: nothing draftable
+    tp = torch.softmax(torch.randn(2, K, 97), -1)
+    total, parts = dr.loss(*args, labels=labels, target_probs=tp)
+    assert torch.isfinite(total)
+    pd, outside = dr.restrict_probs(tp)
+    torch.testing.assert_close(outside, tp[..., off].sum(-1))
+    assert float(parts["l1"]) >= float(outside.mean()) - 1e-6
+    # round trip keeps the vocabulary
+    save_drafter(tmp_path, dr)
+    back = load_drafter(tmp_path, target_info(target)).bind_llama(target)
+    assert back.draft_vocab.tolist() == vocab
+    assert torch.equal(back.draft(*args).tokens, out.tokens)
+    with pytest.raises(ValueError, match="distinct"):
+        dr.set_draft_vocab([1] * len(vocab))

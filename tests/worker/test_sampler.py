@@ -82,3 +82,16 @@ def test_top_k_top_p_never_emit_excluded(top_k, top_p):
     seen = set(tok.tolist())
     assert seen <= allowed
     assert len(seen) == len(allowed)  # and all allowed ones do occur
+
+
+def test_row_without_top_p_keeps_its_tail_next_to_a_top_p_row():
+    # A steep 49152-token row: its float32 running sum reaches 1.0 before the
+    # tail. Batched with a top-p row it must still be filtered as if alone.
+    from dspark.worker.sampler import _filtered_logits
+
+    lg = torch.randn(2, 49152, generator=torch.Generator().manual_seed(0)) * 4
+    alone = _filtered_logits(lg[:1], [RowParams(1.0, 0, 1.0)])
+    mixed = _filtered_logits(lg, [RowParams(1.0, 0, 1.0), RowParams(1.0, 0, 0.9)])
+    assert not torch.isinf(mixed[0]).any()
+    assert torch.equal(mixed[0], alone[0])
+    assert torch.isinf(mixed[1]).sum() > 1000  # the top-p row is still cut

@@ -54,6 +54,10 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
+    # 0 = draft over the full target vocabulary; n = over n target tokens (the
+    # checkpoint's ``draft_vocab`` ids): a cheaper head and Markov head, but a
+    # token outside it can never be drafted.
+    draft_vocab_size: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -67,6 +71,9 @@ class DrafterConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(name, "must be a positive integer")
+        if not isinstance(self.draft_vocab_size, int) or \
+                not 0 <= self.draft_vocab_size <= self.target_vocab_size:
+            bad("draft_vocab_size", f"must be in [0, {self.target_vocab_size}] (0 = full)")
         if not isinstance(self.markov_rank, int) or self.markov_rank < 0:
             bad("markov_rank", "must be an integer >= 0 (0 = no Markov head)")
         if not isinstance(self.target_model_id, str) or not self.target_model_id:
@@ -193,6 +200,45 @@ class DraftLayer(torch.nn.Module):
         return x + F.linear(F.silu(gate) * up, self.w2)  # SwiGLU
 
 
+    def forward_shared(self, x: torch.Tensor, ctx: torch.Tensor, rope_blk, rope_ctx,
+                       valid: torch.Tensor) -> torch.Tensor:
+        """x: [A, K, d] block rows of A anchors sharing one context ctx [L, d];
+        valid [A, L] says which context rows each anchor sees. Same math as
+        ``forward`` (GQA attention over [context ; own block]), without copying the
+        context per anchor."""
+        a, k, d = x.shape
+        n = ctx.shape[0]
+        h, kvh, hd, qd = self.h, self.kvh, self.hd, self.q_dim
+        g = h // kvh
+        qkv = F.linear(F.rms_norm(x, (d,), self.ln1, self.eps), self.wqkv)
+        q = _apply_rope(qkv[..., :qd].view(a, k, h, hd), *rope_blk)
+        kb = _apply_rope(qkv[..., qd:qd + kvh * hd].view(a, k, kvh, hd), *rope_blk)
+        vb = qkv[..., qd + kvh * hd:].view(a, k, kvh, hd)
+        kvc = F.linear(ctx, self.wqkv[qd:])  # [L, 2*KV*hd]
+        kc = _apply_rope(kvc[..., :kvh * hd].view(n, kvh, hd), *rope_ctx)  # [L, KV, hd]
+        vc = kvc[..., kvh * hd:].view(n, kvh, hd)
+        scale = 1.0 / math.sqrt(hd)
+        qg = q.view(a, k, kvh, g, hd)
+        # context scores: [KV, A*K*g, L] with one bmm per KV head group
+        q_ctx = qg.permute(2, 0, 1, 3, 4).reshape(kvh, a * k * g, hd)
+        s_ctx = torch.bmm(q_ctx, kc.permute(1, 2, 0)) * scale
+        s_ctx = s_ctx.view(kvh, a, k, g, n).masked_fill(
+            ~valid.view(1, a, 1, 1, n), float("-inf"))
+        # block scores: [A, KV, K*g, K] (bidirectional inside the block)
+        q_blk = qg.permute(0, 2, 1, 3, 4).reshape(a, kvh, k * g, hd)
+        s_blk = torch.matmul(q_blk, kb.permute(0, 2, 3, 1)) * scale
+        s_blk = s_blk.view(a, kvh, k, g, k).permute(1, 0, 2, 3, 4)  # [KV, A, K, g, K]
+        p = torch.softmax(torch.cat([s_ctx, s_blk], -1).float(), -1).to(x.dtype)
+        p_ctx = p[..., :n].reshape(kvh, a * k * g, n)
+        p_blk = p[..., n:].permute(1, 0, 2, 3, 4).reshape(a, kvh, k * g, k)
+        o = torch.bmm(p_ctx, vc.permute(1, 0, 2)).view(kvh, a, k, g, hd).permute(1, 2, 0, 3, 4)
+        o = o + torch.matmul(p_blk, vb.permute(0, 2, 1, 3)).view(a, kvh, k, g, hd) \
+            .permute(0, 2, 1, 3, 4)
+        x = x + F.linear(o.reshape(a, k, qd), self.wo)
+        gate, up = F.linear(F.rms_norm(x, (d,), self.ln2, self.eps), self.w13).chunk(2, -1)
+        return x + F.linear(F.silu(gate) * up, self.w2)
+
+
 class DSparkDrafter(torch.nn.Module):
     """Trainable drafter weights; the target's embedding and LM head are bound, not owned."""
 
@@ -205,10 +251,17 @@ class DSparkDrafter(torch.nn.Module):
         self.mask_embed = torch.nn.Parameter(torch.randn(d) * 0.02)  # MASK slot input
         self.layers = torch.nn.ModuleList(DraftLayer(c) for _ in range(c.num_draft_layers))
         self.norm = torch.nn.Parameter(torch.ones(d))
+        vd = c.draft_vocab_size or c.target_vocab_size
+        if c.draft_vocab_size:
+            # draft slot j <-> target token draft_vocab[j]; set by set_draft_vocab
+            self.register_buffer("draft_vocab", torch.arange(vd, dtype=torch.long))
+        else:
+            self.draft_vocab = None
         if r:
+            # W1 is indexed by the previous token (any target token), W2 spans the drafts
             self.markov_w1 = torch.nn.Parameter(torch.randn(c.target_vocab_size, r) * 0.02)
             # W2 = 0: the Markov bias starts at zero, drafting starts as the plain backbone
-            self.markov_w2 = torch.nn.Parameter(torch.zeros(c.target_vocab_size, r))
+            self.markov_w2 = torch.nn.Parameter(torch.zeros(vd, r))
         self.conf_w = torch.nn.Parameter(torch.zeros(1, d + r))
         self.conf_b = torch.nn.Parameter(torch.zeros(1))
         # fp32 on purpose, kept out of the state dict and out of Module.to(dtype)
@@ -219,20 +272,69 @@ class DSparkDrafter(torch.nn.Module):
         self._lm_head: torch.Tensor | None = None
         self._linear: Callable = F.linear
 
+    # ---- draft vocabulary --------------------------------------------------------------
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size or self.config.target_vocab_size
+
+    @torch.no_grad()
+    def set_draft_vocab(self, token_ids) -> None:
+        """Choose the draftable target tokens (a pruned vocabulary only)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long)
+        if self.draft_vocab is None:
+            raise ValueError("set_draft_vocab: this drafter drafts the full vocabulary")
+        if ids.shape != self.draft_vocab.shape or len(set(ids.tolist())) != ids.numel() or \
+                int(ids.min()) < 0 or int(ids.max()) >= self.config.target_vocab_size:
+            raise ValueError(f"set_draft_vocab: need {self.draft_vocab.numel()} distinct "
+                             f"ids in [0, {self.config.target_vocab_size})")
+        self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
+        self._vocab_index = None
+
+    def vocab_index(self) -> torch.Tensor:
+        """[V] long: the draft slot of each target token, -1 when not draftable."""
+        if self.draft_vocab is None:
+            return torch.arange(self.config.target_vocab_size, device=self.fc.device)
+        idx = getattr(self, "_vocab_index", None)
+        if idx is None or idx.device != self.draft_vocab.device:
+            idx = torch.full((self.config.target_vocab_size,), -1, dtype=torch.long,
+                             device=self.draft_vocab.device)
+            idx[self.draft_vocab] = torch.arange(self.draft_vocab.numel(),
+                                                 device=self.draft_vocab.device)
+            self._vocab_index = idx
+        return idx
+
+    def to_target_ids(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots if self.draft_vocab is None else self.draft_vocab[slots]
+
     # ---- target binding --------------------------------------------------------------
     def bind_target(self, embed: torch.Tensor, lm_head: torch.Tensor,
                     linear: Callable = F.linear) -> DSparkDrafter:
-        """Share the target's frozen embedding [V, d] and LM head (``linear(x, lm_head)``)."""
+        """Share the target's frozen embedding [V, d] and LM head (``linear(x, lm_head)``).
+
+        With a pruned draft vocabulary ``lm_head`` must be a plain [V, d] matrix (its
+        draft rows are taken) unless it is already the [Vd, d] draft head.
+        """
         v, d = self.config.target_vocab_size, self.config.hidden_size
         if tuple(embed.shape) != (v, d):
             raise ValueError(f"target embedding has shape {tuple(embed.shape)}, drafter "
                              f"expects {(v, d)}")
+        if self.draft_vocab is not None and tuple(lm_head.shape) == (v, d) \
+                and not lm_head.is_mkldnn:
+            lm_head = lm_head[self.draft_vocab.to(lm_head.device)].contiguous()
         self._embed, self._lm_head, self._linear = embed, lm_head, linear
         return self
 
     def bind_llama(self, llama) -> DSparkDrafter:
         """Bind a loaded ``Llama``'s embedding and (possibly oneDNN-packed) LM head."""
-        return self.bind_target(llama.embed, llama.lm_head, llama.linear)
+        if self.draft_vocab is None or llama.linear is F.linear:
+            return self.bind_target(llama.embed, llama.lm_head, llama.linear)
+        # packed bf16 CPU head: take the draft rows of the plain (tied) matrix, repack
+        from .llama import pack_weight
+        if not llama.args.tie_word_embeddings:
+            raise ValueError("a pruned draft vocabulary over a packed, untied LM head "
+                             "is not supported: load the target in float32")
+        rows = llama.embed[self.draft_vocab.to(llama.embed.device)].contiguous()
+        return self.bind_target(llama.embed, pack_weight(rows), llama.linear)
 
     @torch.no_grad()
     def init_from_target(self, llama, layer_ids: tuple[int, ...] | None = None) -> None:
@@ -299,13 +401,13 @@ class DSparkDrafter(torch.nn.Module):
         return F.rms_norm(x, (d,), self.norm, c.rms_norm_eps)
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h [B, K, d] -> U [B, K, V] float32 through the target's LM head."""
+        """h [B, K, d] -> U [B, K, Vd] float32 through the target's LM head (draft rows)."""
         b, k, d = h.shape
         return self._linear(h.reshape(b * k, d), self._lm_head).float().view(b, k, -1)
 
     # ---- Markov and confidence heads ---------------------------------------------------
     def markov_bias(self, prev: torch.Tensor) -> torch.Tensor | None:
-        """B(prev) = W2 @ W1[prev]: [...] -> [..., V] float32 (None when r = 0)."""
+        """B(prev) = W2 @ W1[prev]: [...] target ids -> [..., Vd] float32 (None when r = 0)."""
         if not self.config.markov_rank:
             return None
         return F.linear(F.embedding(prev, self.markov_w1), self.markov_w2).float()
@@ -326,34 +428,69 @@ class DSparkDrafter(torch.nn.Module):
     def draft(self, ctx_rows: torch.Tensor, ctx_positions: torch.Tensor,
               ctx_lengths: torch.Tensor, anchors: torch.Tensor, anchor_pos: torch.Tensor,
               temperature: float = 0.0, generator: torch.Generator | None = None,
-              return_dists: bool = False) -> DraftOutput:
+              return_dists: bool = False, use_markov: bool = True,
+              pick: Callable | None = None) -> DraftOutput:
         """Draft K tokens per request, left to right through the Markov head.
 
         ctx_rows [B, C, m*d], ctx_positions [B, C], ctx_lengths [B], anchors [B],
         anchor_pos [B]. temperature 0 is greedy, and then p_k is the one-hot of the
-        argmax (the distribution actually drafted from).
+        argmax (the distribution actually drafted from). ``use_markov=False`` drafts
+        from the backbone alone (the DFlash ablation). ``pick(k, logits [B, Vd])``,
+        when given, returns (draft slots [B], distribution [B, Vd]) instead
+        (per-request sampling). Tokens are target ids; dists span the target vocab.
         """
         h = self.backbone(ctx_rows, ctx_positions, ctx_lengths, anchors, anchor_pos)
-        base = self.base_logits(h)  # [B, K, V]
+        return self.draft_from_h(h, anchors, temperature, generator, return_dists,
+                                 use_markov, pick)
+
+    def draft_from_h(self, h: torch.Tensor, anchors: torch.Tensor, temperature: float = 0.0,
+                     generator: torch.Generator | None = None, return_dists: bool = False,
+                     use_markov: bool = True, pick: Callable | None = None) -> DraftOutput:
+        base = self.base_logits(h)  # [B, K, Vd]
         prev, toks, probs, dists, confs = anchors, [], [], [], []
         for k in range(self.config.block_size):
-            bias = self.markov_bias(prev)
-            logits = base[:, k] if bias is None else base[:, k] + bias  # [B, V]
+            bias = self.markov_bias(prev) if use_markov else None
+            logits = base[:, k] if bias is None else base[:, k] + bias  # [B, Vd]
             confs.append(torch.sigmoid(self.confidence_logits(h[:, k], prev)))
-            if temperature > 0:
+            if pick is not None:
+                slot, p = pick(k, logits)
+            elif temperature > 0:
                 p = torch.softmax(logits / temperature, -1)
-                x = torch.multinomial(p, 1, generator=generator).squeeze(1)
+                slot = torch.multinomial(p, 1, generator=generator).squeeze(1)
             else:
-                x = logits.argmax(-1)
-                p = F.one_hot(x, logits.shape[-1]).float()
+                slot = logits.argmax(-1)
+                p = None
+            if p is None:
+                probs.append(torch.ones(slot.shape, dtype=torch.float32, device=slot.device))
+            else:
+                probs.append(p.gather(1, slot.unsqueeze(1)).squeeze(1).float())
+            x = self.to_target_ids(slot)
             toks.append(x)
-            probs.append(p.gather(1, x.unsqueeze(1)).squeeze(1))
             if return_dists:
-                dists.append(p)
+                dists.append(self._full_dist(p, slot))
             prev = x
         return DraftOutput(torch.stack(toks, 1), torch.stack(probs, 1),
                            torch.stack(dists, 1) if return_dists else None,
                            torch.stack(confs, 1))
+
+    def _full_dist(self, p: torch.Tensor | None, slot: torch.Tensor) -> torch.Tensor:
+        """A draft-vocab distribution (None = one-hot of slot) over the target vocab."""
+        v = self.config.target_vocab_size
+        if p is None:
+            out = torch.zeros(slot.shape[0], v, dtype=torch.float32, device=slot.device)
+            return out.scatter_(1, self.to_target_ids(slot).unsqueeze(1), 1.0)
+        if self.draft_vocab is None:
+            return p.float()
+        out = torch.zeros(p.shape[0], v, dtype=torch.float32, device=p.device)
+        return out.index_copy_(1, self.draft_vocab, p.float())
+
+    def restrict_probs(self, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """p_t over the target vocab [..., V] -> (p_t on the draft vocab [..., Vd], the
+        mass outside it [...])."""
+        if self.draft_vocab is None:
+            return target_probs, target_probs.new_zeros(target_probs.shape[:-1])
+        inside = target_probs.index_select(-1, self.draft_vocab)
+        return inside, (1 - inside.sum(-1)).clamp_min(0)
 
     def loss(self, ctx_rows: torch.Tensor, ctx_positions: torch.Tensor,
              ctx_lengths: torch.Tensor, anchors: torch.Tensor, anchor_pos: torch.Tensor,
@@ -365,14 +502,26 @@ class DSparkDrafter(torch.nn.Module):
         (p_t at anchor_pos+k-1), slot_mask [B, K] bool (False past the end).
         Returns (total, {"ce", "l1", "bce"}), each a w_k-weighted mean over live slots.
         """
+        h = self.backbone(ctx_rows, ctx_positions, ctx_lengths, anchors, anchor_pos)
+        probs_d, outside = self.restrict_probs(target_probs)
+        return self.loss_from_h(h, anchors, labels, probs_d, outside, slot_mask)
+
+    def loss_from_h(self, h: torch.Tensor, anchors: torch.Tensor, labels: torch.Tensor,
+                    probs_d: torch.Tensor, outside: torch.Tensor,
+                    slot_mask: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss from block states h [B, K, d]; probs_d [B, K, Vd] is p_t on the draft
+        vocabulary and ``outside`` [B, K] its mass off it (counted in the L1 distance:
+        the drafter puts none there). Labels outside the draft vocab get no CE."""
         b, k = labels.shape
         mask = torch.ones_like(labels, dtype=torch.bool) if slot_mask is None else slot_mask
         labels = torch.where(mask, labels, torch.zeros_like(labels))
-        prev = torch.cat([anchors.unsqueeze(1), labels[:, :-1]], 1)  # [B, K]
-        h = self.backbone(ctx_rows, ctx_positions, ctx_lengths, anchors, anchor_pos)
-        logits = self.corrected_logits(self.base_logits(h), prev)  # [B, K, V]
-        ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(b, k)
-        l1 = (torch.softmax(logits, -1) - target_probs.float()).abs().sum(-1)  # [B, K]
+        prev = torch.cat([anchors.unsqueeze(1), labels[:, :-1]], 1)  # [B, K] target ids
+        logits = self.corrected_logits(self.base_logits(h), prev)  # [B, K, Vd]
+        slots = self.vocab_index()[labels]
+        ce = F.cross_entropy(logits.flatten(0, 1), slots.clamp_min(0).flatten(),
+                             reduction="none").view(b, k) * (slots >= 0)
+        l1 = (torch.softmax(logits, -1) - probs_d.float()).abs().sum(-1) + outside.float()
         c_star = (1 - 0.5 * l1).detach().clamp(0, 1)
         z = self.confidence_logits(h, prev)
         bce = F.binary_cross_entropy_with_logits(z, c_star, reduction="none")
@@ -382,3 +531,30 @@ class DSparkDrafter(torch.nn.Module):
         parts = {n: (w * t).sum() / denom for n, t in (("ce", ce), ("l1", l1), ("bce", bce))}
         total = CE_WEIGHT * parts["ce"] + L1_WEIGHT * parts["l1"] + BCE_WEIGHT * parts["bce"]
         return total, {n: t.detach() for n, t in parts.items()}
+
+    # ---- shared-context training path ------------------------------------------------------
+    def backbone_shared(self, taps: torch.Tensor, anchors: torch.Tensor,
+                        anchor_pos: torch.Tensor) -> torch.Tensor:
+        """Block states for many anchors of ONE sequence at once.
+
+        taps [L, m*d] are the sequence's tap rows at positions 0..L-1; anchors [A] and
+        anchor_pos [A]. Equal to ``backbone`` with each anchor's own window of rows,
+        but the context fusion and each layer's context K/V are computed once per
+        sequence instead of once per anchor (the training hot path).
+        """
+        if self._embed is None:
+            raise RuntimeError("DSparkDrafter: call bind_target/bind_llama first")
+        c, dt = self.config, self.dtype
+        a, k, d, n = anchors.shape[0], c.block_size, c.hidden_size, taps.shape[0]
+        dev = taps.device
+        ctx = F.rms_norm(F.linear(taps.to(dt), self.fc), (d,), self.ctx_norm, c.rms_norm_eps)
+        pos = torch.arange(n, device=dev)
+        ap = anchor_pos.unsqueeze(1)
+        valid = (pos.unsqueeze(0) < ap) & (pos.unsqueeze(0) >= ap - c.context_window)  # [A, L]
+        x = torch.cat([F.embedding(anchors.unsqueeze(1), self._embed).to(dt),
+                       self.mask_embed.expand(a, k - 1, d)], 1)
+        blk_pos = ap + torch.arange(k, device=dev)
+        rope_blk, rope_ctx = self._rope(blk_pos), self._rope(pos)
+        for layer in self.layers:
+            x = layer.forward_shared(x, ctx, rope_blk, rope_ctx, valid)
+        return F.rms_norm(x, (d,), self.norm, c.rms_norm_eps)

@@ -99,7 +99,10 @@ def load_drafter(directory: Path | str, target_info: dict) -> DSparkDrafter:
                 if got != shape:
                     raise ValueError(f"{w_path}: tensor {name!r} has shape {list(got)}, "
                                      f"expected {list(shape)}")
-                tensors[name] = f.get_tensor(name).to(dtype=dtype, device=device)
+                t = f.get_tensor(name)
+                # float weights take the serving dtype; index buffers (draft_vocab) stay
+                tensors[name] = t.to(dtype=dtype if t.is_floating_point() else t.dtype,
+                                     device=device)
     except ValueError:
         raise
     except Exception as e:  # safetensors' SafetensorError, OSError on a truncated file
@@ -109,4 +112,10 @@ def load_drafter(directory: Path | str, target_info: dict) -> DSparkDrafter:
         raise ValueError(f"{w_path}: unexpected tensors {extra} (another drafter layout?)")
     drafter = drafter.to_empty(device=device).to(dtype)
     drafter.load_state_dict(tensors, strict=True)
+    if drafter.draft_vocab is not None:
+        ids = drafter.draft_vocab
+        if int(ids.min()) < 0 or int(ids.max()) >= config.target_vocab_size or \
+                torch.unique(ids).numel() != ids.numel():
+            raise ValueError(f"{w_path}: draft_vocab must hold {ids.numel()} distinct ids "
+                             f"in [0, {config.target_vocab_size})")
     return drafter.eval()

@@ -33,17 +33,44 @@ def main(args) -> int:
     # The target runs in fp32 for training: on CPUs without AMX its prefill-sized
     # forwards are faster than bf16 ones, and the soft labels are exact.
     llama = load_llama(model_dir, torch.float32, torch.device("cpu"), max_len=args.max_seq_len)
+    if args.text_tokens:
+        from tokenizers import Tokenizer
+
+        from dspark.worker.training.corpus import text_records
+
+        sources = args.text_sources
+        per = {src: args.text_tokens // len(sources) for src in sources}
+        text = text_records(Tokenizer.from_file(str(model_dir / "tokenizer.json")),
+                            Path(args.prompts), per, seq_len=args.text_seq_len,
+                            seed=args.seed)
+        counts: dict[str, int] = {}
+        for r in text:
+            counts[r["source"]] = counts.get(r["source"], 0) + len(r["output_ids"])
+        print(f"[train] prefill-mode text: {len(text)} pieces, labelled tokens per source "
+              f"{counts}", file=sys.stderr)
+        train_recs = train_recs + text
     out = Path(args.out)
     resume = out if args.resume and (out / "train_state.pt").is_file() else None
     cfg = TrainConfig(out_dir=str(out), seed=args.seed, lr=args.lr,
                       batch_anchors=args.batch_anchors, seqs_per_step=args.seqs_per_step,
                       time_budget_s=args.time_budget_min * 60 if args.time_budget_min else None,
                       max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
-                      feature_cache=args.feature_cache,
+                      feature_cache=args.feature_cache, topk=args.topk or None,
+                      anchor_stride=args.anchor_stride,
+                      eval_every_tokens=args.eval_every_tokens,
+                      eval_anchors=args.eval_anchors,
                       drafter_overrides=_drafter_overrides(args))
     print(f"[train] {len(train_recs)} training / {len(held)} held-out sequences from {data}; "
           f"{'resuming from ' + str(out) if resume else 'fresh drafter'}", file=sys.stderr)
     tr = Trainer(llama, model_fingerprint(model_dir), train_recs, cfg, resume_dir=resume)
+    if tr.drafter.draft_vocab is not None and held:
+        vocab = set(tr.drafter.draft_vocab.tolist())
+        toks = [t for r in held for t in r["output_ids"]]
+        print(f"[train] draft vocabulary {len(vocab)} tokens covers "
+              f"{sum(t in vocab for t in toks) / max(len(toks), 1):.2%} of the held-out "
+              "answer tokens", file=sys.stderr)
+    if held and args.eval_every_tokens:
+        tr.set_heldout(held)
     stats = tr.run()
     tr.save_train_state(out)
     result = {k: v for k, v in stats.items() if k != "drafter"}
@@ -58,7 +85,8 @@ def main(args) -> int:
 def _drafter_overrides(args) -> dict:
     """DrafterConfig fields given on the command line (a fresh drafter only)."""
     out = {}
-    for name in ("block_size", "markov_rank", "context_window", "num_draft_layers"):
+    for name in ("block_size", "markov_rank", "context_window", "num_draft_layers",
+                 "draft_vocab_size"):
         if getattr(args, name) is not None:
             out[name] = getattr(args, name)
     if args.tap_layer_ids:
@@ -79,7 +107,7 @@ def add_parser(sub) -> None:
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--lr", type=float, default=6e-4)
-    t.add_argument("--batch-anchors", type=int, default=32)
+    t.add_argument("--batch-anchors", type=int, default=64)
     t.add_argument("--seqs-per-step", type=int, default=2)
     t.add_argument("--feature-cache", type=int, default=64)
     t.add_argument("--checkpoint-every", type=int, default=200)
@@ -92,8 +120,33 @@ def add_parser(sub) -> None:
     t.add_argument("--markov-rank", type=int, default=None, help="r (default 64; 0 = DFlash)")
     t.add_argument("--context-window", type=int, default=None, help="W (default 128)")
     t.add_argument("--num-draft-layers", type=int, default=None, help="N (default 2)")
+    t.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="prune the draft vocabulary to the N most frequent training tokens "
+                        "(default: the full vocabulary)")
+    t.add_argument("--anchor-stride", type=int, default=4,
+                   help="single-pass mode: an anchor per N labelled positions of each "
+                        "sequence, at most --batch-anchors per sequence (0 = a fixed "
+                        "--batch-anchors per step)")
+    t.add_argument("--topk", type=int, default=32,
+                   help="keep the target's top-k probabilities as soft labels (0 = all)")
+    t.add_argument("--text-tokens", type=int, default=0,
+                   help="add this many labelled tokens of existing text (prefill-mode "
+                        "distillation), split evenly over --text-sources")
+    t.add_argument("--text-sources", nargs="+",
+                   default=["train-prompts", "python-stdlib", "package-docs"])
+    t.add_argument("--text-seq-len", type=int, default=512)
+    t.add_argument("--prompts", default=str(_datasets_train()),
+                   help="training prompt files (the train-prompts text source)")
+    t.add_argument("--eval-every-tokens", type=int, default=0,
+                   help="learning curve: held-out tau every N new labelled tokens")
     t.add_argument("--json", default=None, help="write the stats here")
     t.set_defaults(fn=main)
+
+
+def _datasets_train() -> Path:
+    from dspark.shared.cli import _datasets_dir
+
+    return _datasets_dir() / "train"
 
 
 def argparse_bool():

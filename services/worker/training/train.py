@@ -29,12 +29,13 @@ temporary sibling and swapped in, so a kill never leaves a half-written one.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import shutil
 import sys
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,13 @@ class TrainConfig:
     max_seq_len: int | None = None      # truncate sequences (default: the target's max_len)
     drafter_overrides: dict = field(default_factory=dict)  # DrafterConfig.for_target kwargs
     init_from_target: bool = True       # copy the target's last layers into the draft layers
+    # anchor_stride > 0: single-pass mode. Each step takes ``seqs_per_step`` whole
+    # sequences and draws region_len // anchor_stride anchors from each (at most
+    # batch_anchors per sequence), through the shared-context path (context fused
+    # once per sequence). 0: ``batch_anchors`` anchors per step (the old mode).
+    anchor_stride: int = 0
+    eval_every_tokens: int = 0          # held-out tau every N new labelled tokens
+    eval_anchors: int = 512
 
     def validate(self) -> None:
         if self.max_steps is None and self.time_budget_s is None:
@@ -158,6 +166,34 @@ def make_batch(items: list[tuple[Features, list[int], list[int]]], k: int, windo
     return out
 
 
+def frequent_tokens(seqs, n: int, vocab_size: int) -> list[int]:
+    """The n most frequent token ids over the sequences' labelled regions (ties and
+    unseen ids by id): the pruned draft vocabulary."""
+    counts = Counter()
+    for _, plen, ids in seqs:
+        counts.update(ids[plen:])
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:n]
+    if len(ranked) < n:
+        seen = set(ranked)
+        ranked += [t for t in range(vocab_size) if t not in seen][:n - len(ranked)]
+    return ranked
+
+
+def restricted_probs(feats: Features, pos: torch.Tensor, drafter: DSparkDrafter
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """p_t at positions [B, K] on the drafter's vocabulary [B, K, Vd] and the mass of
+    the stored p_t off it [B, K] (top-k form: of the kept support only)."""
+    if feats.probs is not None or drafter.draft_vocab is None:
+        return drafter.restrict_probs(feats.dense_probs(pos))
+    rows = pos - feats.offset
+    vals = feats.topk_vals[rows].float()  # [B, K, k]
+    slots = drafter.vocab_index()[feats.topk_idx[rows].long()]  # [B, K, k]
+    keep = slots >= 0
+    out = vals.new_zeros(*pos.shape, drafter.draft_vocab_size)
+    out.scatter_add_(-1, slots.clamp_min(0), vals * keep)
+    return out, (vals * ~keep).sum(-1)
+
+
 def bind_for_training(drafter: DSparkDrafter, llama) -> DSparkDrafter:
     """Bind the target's embedding and LM head in the drafter's dtype with a plain
     F.linear (a bf16 CPU target packs its LM head for oneDNN; training needs the
@@ -199,6 +235,9 @@ class Trainer:
             drafter = DSparkDrafter(dcfg).to(dev)
             if cfg.init_from_target:
                 drafter.init_from_target(llama)
+            if dcfg.draft_vocab_size:
+                drafter.set_draft_vocab(frequent_tokens(self.seqs, dcfg.draft_vocab_size,
+                                                        dcfg.target_vocab_size))
         self.drafter = bind_for_training(drafter, llama)
         self.drafter.train()
         decay = [p for p in self.drafter.parameters() if p.ndim >= 2]
@@ -208,8 +247,15 @@ class Trainer:
              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
         self._cache: OrderedDict[int, Features] = OrderedDict()
         self.last_parts: dict[str, float] = {}
+        self.visited: set[int] = set()
+        self.data_tokens = 0                # labelled positions of distinct sequences seen
+        self.next_eval = cfg.eval_every_tokens
+        self.heldout_items: list | None = None
+        self.curve: list[dict] = []
         if resume_dir is not None:
             self._load_state(Path(resume_dir))
+        elif cfg.out_dir:  # a fresh run starts a fresh learning curve
+            self.curve_path().unlink(missing_ok=True)
 
     def target_info(self, drafter_dtype: torch.dtype) -> dict:
         a = self.llama.args
@@ -232,6 +278,8 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         save_drafter(tmp, self.drafter)
         torch.save({"step": self.step_no, "anchors": self.anchors_seen,
+                    "visited": sorted(self.visited), "data_tokens": self.data_tokens,
+                    "next_eval": self.next_eval, "curve": self.curve,
                     "labelled": self.labelled, "tokens_seen": self.tokens_seen,
                     "elapsed": self.elapsed, "cursor": self.cursor,
                     "optimizer": self.opt.state_dict(), "py_rng": self.rng.getstate(),
@@ -252,6 +300,8 @@ class Trainer:
         self.step_no, self.anchors_seen = st["step"], st["anchors"]
         self.labelled, self.tokens_seen = st["labelled"], st["tokens_seen"]
         self.elapsed, self.cursor = st["elapsed"], st["cursor"]
+        self.visited, self.data_tokens = set(st.get("visited", [])), st.get("data_tokens", 0)
+        self.next_eval, self.curve = st.get("next_eval", self.next_eval), st.get("curve", [])
         self.opt.load_state_dict(st["optimizer"])
         self.rng.setstate(st["py_rng"])
         torch.set_rng_state(st["torch_rng"])
@@ -285,12 +335,17 @@ class Trainer:
         f = target_features(self.llama, ids, self.drafter.config.target_layer_ids,
                             chunk=self.cfg.chunk, topk=self.cfg.topk, logits_from=plen)
         self.tokens_seen += len(ids)
+        if i not in self.visited:
+            self.visited.add(i)
+            self.data_tokens += len(ids) - plen
         self._cache[i] = f
         while len(self._cache) > self.cfg.feature_cache:
             self._cache.popitem(last=False)
         return f
 
     def step(self) -> dict[str, float]:
+        if self.cfg.anchor_stride:
+            return self.step_shared()
         c, dc = self.cfg, self.drafter.config
         n = min(c.seqs_per_step, len(self.order))
         picks = [self.order[(self.cursor + j) % len(self.order)] for j in range(n)]
@@ -317,6 +372,88 @@ class Trainer:
         self.last_parts = out
         return out
 
+    def step_shared(self) -> dict[str, float]:
+        """Single-pass step: whole sequences, anchors every ``anchor_stride`` positions
+        (randomly placed), context fused once per sequence."""
+        c, dr = self.cfg, self.drafter
+        k = dr.config.block_size
+        n = min(c.seqs_per_step, len(self.order))
+        picks = [self.order[(self.cursor + j) % len(self.order)] for j in range(n)]
+        self.cursor = (self.cursor + n) % len(self.order)
+        hs, anchors, labels, masks, probs, outs = [], [], [], [], [], []
+        for i in picks:
+            _, plen, ids = self.seqs[i]
+            feats = self.features(i)
+            region = len(ids) - 1 - plen
+            want = min(max(1, region // c.anchor_stride), c.batch_anchors)
+            ps = sample_anchors(self.rng, plen, len(ids), want)
+            ps = sorted(set(ps))
+            if not ps:
+                continue
+            lab, m, pos = block_targets(feats, ps, k)
+            pd, out = restricted_probs(feats, pos, dr)
+            apos = torch.tensor(ps, dtype=torch.long, device=lab.device)
+            toks = torch.tensor([ids[p] for p in ps], dtype=torch.long, device=lab.device)
+            hs.append(dr.backbone_shared(feats.taps[:ps[-1]], toks, apos))
+            anchors.append(toks)
+            labels.append(lab)
+            masks.append(m)
+            probs.append(pd)
+            outs.append(out)
+        lr = self.lr_at(self.step_no)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        labels_t, mask_t = torch.cat(labels), torch.cat(masks)
+        total, parts = dr.loss_from_h(torch.cat(hs), torch.cat(anchors), labels_t,
+                                      torch.cat(probs), torch.cat(outs), mask_t)
+        self.opt.zero_grad(set_to_none=True)
+        total.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(dr.parameters(), c.clip)
+        self.opt.step()
+        self.step_no += 1
+        self.anchors_seen += labels_t.shape[0]
+        self.labelled += int(mask_t.sum())
+        out = {"loss": float(total.detach()), **{n: float(v) for n, v in parts.items()},
+               "lr": lr, "grad_norm": float(gnorm)}
+        self.last_parts = out
+        return out
+
+    # ---- learning curve ---------------------------------------------------------------
+    def set_heldout(self, records) -> None:
+        """Held-out sequences for the curve's tau (their features are computed once)."""
+        self.heldout_items = prepare_heldout(self.drafter, self.llama, records,
+                                             self.cfg.eval_anchors, chunk=self.cfg.chunk)
+
+    def maybe_eval(self, force: bool = False) -> dict | None:
+        c = self.cfg
+        if not self.heldout_items or not c.eval_every_tokens:
+            return None
+        if not force and self.data_tokens < self.next_eval:
+            return None
+        while self.next_eval <= self.data_tokens:
+            self.next_eval += c.eval_every_tokens
+        if self.curve and self.curve[-1]["data_tokens"] == self.data_tokens:
+            return None
+        r = tau_on_items(self.drafter, self.heldout_items)
+        point = {"data_tokens": self.data_tokens, "seconds": round(self.elapsed, 1),
+                 "steps": self.step_no, "target_tokens": self.tokens_seen,
+                 "tau": round(r["tau"], 4), "accept": [round(a, 4) for a in r["accept"]],
+                 "anchors": r["anchors"]}
+        self.curve.append(point)
+        print(f"[train] curve: {point['data_tokens']} labelled tokens, {point['seconds']:.0f}s "
+              f"-> held-out tau {point['tau']:.3f} (pos-1 {point['accept'][0]:.2f})",
+              file=self.log, flush=True)
+        if c.out_dir:
+            self.curve_path().parent.mkdir(parents=True, exist_ok=True)
+            with open(self.curve_path(), "a") as f:
+                f.write(json.dumps(point) + "\n")
+        return point
+
+    def curve_path(self) -> Path:
+        """<out>.curve.jsonl beside the checkpoint folder (survives its atomic swaps)."""
+        out = Path(self.cfg.out_dir)
+        return out.parent / (out.name + ".curve.jsonl")
+
     def run(self) -> dict:
         c = self.cfg
         t_last = t_prev = time.perf_counter()
@@ -330,6 +467,8 @@ class Trainer:
             for k, v in parts.items():
                 since[k] = since.get(k, 0.0) + v
             n_since += 1
+            if self.maybe_eval():
+                t_prev = time.perf_counter()  # evaluation time does not count
             if c.out_dir and c.checkpoint_every and self.step_no % c.checkpoint_every == 0:
                 self.save_train_state(c.out_dir)
             if now - t_last >= c.log_every_s or self.done():
@@ -337,6 +476,7 @@ class Trainer:
                                max(now - t_last, 1e-9))
                 since, n_since, anchors_at_log, t_last = {}, 0, self.anchors_seen, now
                 t_prev = time.perf_counter()  # logging time does not count
+        self.maybe_eval(force=True)
         if c.out_dir:
             self.save_train_state(c.out_dir)
         return self.stats()
@@ -357,14 +497,15 @@ class Trainer:
               f"loss {avg['loss']:.4f} (ce {avg['ce']:.3f} l1 {avg['l1']:.3f} "
               f"bce {avg['bce']:.3f}) lr {avg['lr']:.2e} gnorm {avg['grad_norm']:.2f} | "
               f"{anchors_per_s:.1f} anchors/s, target tokens {self.tokens_seen}, "
-              f"labelled {self.labelled} | {self.elapsed:.0f}s, ETA {eta:.0f}s",
+              f"data tokens {self.data_tokens} | {self.elapsed:.0f}s, ETA {eta:.0f}s",
               file=self.log, flush=True)
 
     def stats(self) -> dict:
         return {"steps": self.step_no, "anchors": self.anchors_seen,
                 "seconds": self.elapsed, "labelled_tokens": self.labelled,
                 "target_tokens": self.tokens_seen, "final": dict(self.last_parts),
-                "sequences": len(self.seqs)}
+                "sequences": len(self.seqs), "data_tokens": self.data_tokens,
+                "curve": list(self.curve)}
 
 
 def train(llama, target_model_id: str, records, cfg: TrainConfig,
@@ -384,41 +525,41 @@ def train(llama, target_model_id: str, records, cfg: TrainConfig,
 
 # ---------------------------------------------------------------- evaluation
 @torch.no_grad()
-def heldout_tau(drafter: DSparkDrafter, llama, records, max_anchors: int = 256,
-                seed: int = 0, chunk: int = 512, batch: int = 64) -> dict:
-    """Teacher-forced mean accepted length on held-out sequences.
-
-    For anchors p in the answer with a full block inside the sequence, greedy-draft
-    K tokens and count the prefix that equals the target's argmax labels (argmax p_t
-    at p..p+K-1, conditioned on the text prefix); tau = accepted + 1 (the bonus
-    token), in [1, K+1]. Exact speculative greedy acceptance when the text is the
-    target's own greedy output; otherwise an approximation (the verifier would
-    condition on the drafted tokens, not the text). Returns {"tau", "anchors",
-    "accept": [P(slot k accepted | slots < k accepted) for k = 1..K]}.
-    """
-    k, w = drafter.config.block_size, drafter.config.context_window
-    bind_for_training(drafter, llama)  # plain-matrix head in the drafter's dtype
+def prepare_heldout(drafter: DSparkDrafter, llama, records, max_anchors: int = 256,
+                    seed: int = 0, chunk: int = 512) -> list:
+    """(features, ids, anchors) of held-out sequences for ``tau_on_items``."""
+    k = drafter.config.block_size
     seqs = prepare_sequences(records, llama.cos.shape[0])
     rng = random.Random(seed)
     per = max(1, -(-max_anchors // max(len(seqs), 1)))
-    taus, cums, left = [], [], max_anchors
-    was_training = drafter.training
-    drafter.eval()
+    items, left = [], max_anchors
     for _, plen, ids in seqs:
         if left <= 0:
             break
-        ps = sample_anchors(rng, plen, len(ids), min(per, left), full_block=k)
-        ps = sorted(set(ps))
+        ps = sorted(set(sample_anchors(rng, plen, len(ids), min(per, left), full_block=k)))
         if not ps:
             continue
         left -= len(ps)
         feats = target_features(llama, ids, drafter.config.target_layer_ids, chunk=chunk,
                                 topk=1, logits_from=plen)
+        items.append((feats, ids, ps))
+    return items
+
+
+@torch.no_grad()
+def tau_on_items(drafter: DSparkDrafter, items, batch: int = 64,
+                 use_markov: bool = True) -> dict:
+    """Teacher-forced greedy tau over prepared held-out anchors (see heldout_tau)."""
+    k, w = drafter.config.block_size, drafter.config.context_window
+    taus, cums = [], []
+    was_training = drafter.training
+    drafter.eval()
+    for feats, ids, ps in items:
         for s in range(0, len(ps), batch):
             b = make_batch([(feats, ids, ps[s:s + batch])], k, w, drafter.dtype,
                            with_probs=False)
             out = drafter.draft(b["ctx_rows"], b["ctx_positions"], b["ctx_lengths"],
-                                b["anchors"], b["anchor_pos"])
+                                b["anchors"], b["anchor_pos"], use_markov=use_markov)
             match = (out.tokens == b["labels"]) & b["slot_mask"]
             cum = match.long().cumprod(1)  # [B, K]: slots 1..k all accepted
             cums.append(cum)
@@ -431,3 +572,21 @@ def heldout_tau(drafter: DSparkDrafter, llama, records, max_anchors: int = 256,
     accept = (cum.sum(0).float() / reached.clamp_min(1).float()).tolist()
     return {"tau": float(torch.cat(taus).mean()), "anchors": int(cum.shape[0]),
             "accept": accept}
+
+
+@torch.no_grad()
+def heldout_tau(drafter: DSparkDrafter, llama, records, max_anchors: int = 256,
+                seed: int = 0, chunk: int = 512, batch: int = 64) -> dict:
+    """Teacher-forced mean accepted length on held-out sequences.
+
+    For anchors p in the answer with a full block inside the sequence, greedy-draft
+    K tokens and count the prefix that equals the target's argmax labels (argmax p_t
+    at p..p+K-1, conditioned on the text prefix); tau = accepted + 1 (the bonus
+    token), in [1, K+1]. Exact speculative greedy acceptance when the text is the
+    target's own greedy output; otherwise an approximation (the verifier would
+    condition on the drafted tokens, not the text). Returns {"tau", "anchors",
+    "accept": [P(slot k accepted | slots < k accepted) for k = 1..K]}.
+    """
+    bind_for_training(drafter, llama)  # plain-matrix head in the drafter's dtype
+    items = prepare_heldout(drafter, llama, records, max_anchors, seed, chunk)
+    return tau_on_items(drafter, items, batch)

@@ -1,0 +1,241 @@
+"""Verify rows -> the numbers acceptance needs, batched over requests.
+
+For a batch of requests, request r ran the target on ``[anchor, d_1..d_K]``
+(K = K_r >= 0, rows concatenated in request order, ``sum(K_r + 1)`` rows).
+Row i of request r is at position ``a_r + i`` and yields ``q_i``, the
+distribution of the token at position ``a_r + i + 1``. ``verify`` returns per
+request a ``dspark.shared.acceptance.VerifyResult``:
+
+- ``t_i``: exactly what ``sampler.sample`` returns for (seed, a_r + i + 1) on
+  that row (argmax for greedy rows, the exponential race with the sampler's
+  own noise otherwise), so plain and speculative decoding share one stream
+  and a K = 0 request is a plain decode step;
+- ``q(d_i)`` with q = ``processed_probs`` (softmax of the sampler's filtered
+  logits, one-hot at the argmax for greedy rows), and ``p(d_i)`` from the
+  draft's processed rows (1.0 for a one-hot draft);
+- ``u_i`` = ``rng.uniform(seed, a_r + i, STREAM_ACCEPT)`` (the position of d_i);
+- the residual sample from ``normalize(max(0, q_{i-1} - p_i))`` by inverse
+  CDF with ``rng.uniform(seed, a_r + i, STREAM_RESIDUAL)``, or -1 when that
+  vector is zero.
+
+Only rows where q or p is not one-hot do V-sized residual work; a greedy
+request drafted greedily reduces to comparisons. ``processed_probs`` and
+``sample_draft`` (stream ``STREAM_DRAFT``, inverse CDF) are what the
+drafter's left-to-right Markov loop uses to draft at the request's
+temperature, so p and q are processed the same way.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dspark.shared.acceptance import VerifyResult
+from dspark.shared.rng import STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, uniform
+
+from .sampler import RowParams, _exp_noise, _filtered_logits
+
+
+@dataclass
+class VerifyInput:
+    """One request's share of a verify batch.
+
+    ``params.position`` is ignored: positions follow from ``anchor_position``.
+    """
+
+    draft_tokens: list[int]  # [K] d_1..d_K, K >= 0
+    params: RowParams  # the request's temperature, top_k, top_p, seed
+    anchor_position: int  # position of the anchor row (row 0)
+    # [K, V] the distributions p_1..p_K the drafts were actually drawn from
+    # (processed_probs rows + sample_draft), or None when each d_i is the
+    # argmax (one-hot p). Passing full rows for argmax drafts is lossy.
+    draft_probs: torch.Tensor | None = None
+
+
+def processed_probs(logits: torch.Tensor, params: Sequence[RowParams]) -> torch.Tensor:
+    """logits [N, V] -> the distribution each row samples from, [N, V] float32:
+    softmax of the sampler's temperature/top-k/top-p filtered logits, one-hot
+    at the argmax for greedy rows."""
+    logits = logits.float()
+    probs = torch.zeros_like(logits)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    rand = [i for i, p in enumerate(params) if not p.greedy]
+    if greedy:
+        g = _index(greedy, logits.device)
+        probs.index_put_((g, logits.index_select(0, g).argmax(-1)),
+                         torch.ones(len(greedy), device=logits.device))
+    if rand:
+        r = _index(rand, logits.device)
+        sub = _filtered_logits(logits.index_select(0, r), [params[i] for i in rand])
+        probs.index_copy_(0, r, torch.softmax(sub, dim=-1))
+    return probs
+
+
+def sample_draft(probs: torch.Tensor, params: Sequence[RowParams],
+                 positions: Sequence[int]) -> torch.Tensor:
+    """probs [N, V] (``processed_probs`` rows) -> draft tokens [N] long.
+
+    Greedy rows take the argmax (their p is one-hot); sampled rows draw by
+    inverse CDF with ``uniform(seed, positions[i], STREAM_DRAFT)``, where
+    positions[i] is the position of the drafted token.
+    """
+    tokens = probs.argmax(-1)
+    rand = [i for i, p in enumerate(params) if not p.greedy]
+    if rand:
+        r = _index(rand, probs.device)
+        u = [uniform(params[i].seed, positions[i], STREAM_DRAFT) for i in rand]
+        tokens.index_copy_(0, r, _inverse_cdf(probs.index_select(0, r).float(), u))
+    return tokens
+
+
+def verify(logits: torch.Tensor, inputs: Sequence[VerifyInput]) -> list[VerifyResult]:
+    """logits [sum(K_r + 1), V] of the verify rows -> one VerifyResult per input."""
+    logits = logits.float()
+    offsets, n = [], 0
+    for x in inputs:
+        k = len(x.draft_tokens)
+        if x.draft_probs is not None and tuple(x.draft_probs.shape) != (k, logits.shape[1]):
+            raise ValueError(f"draft_probs has shape {tuple(x.draft_probs.shape)}, "
+                             f"expected ({k}, {logits.shape[1]})")
+        offsets.append(n)
+        n += k + 1
+    if logits.shape[0] != n:
+        raise ValueError(f"logits has {logits.shape[0]} rows, the inputs need {n}")
+    row_params = [RowParams(x.params.temperature, x.params.top_k, x.params.top_p,
+                            x.params.seed, x.anchor_position + i + 1)
+                  for x in inputs for i in range(len(x.draft_tokens) + 1)]
+    target, q = _target_rows(logits, row_params)
+    # draft k = d_{i+1} of request x, judged by target row off + i
+    drafts = [_Draft(x, off + i, x.draft_tokens[i], x.anchor_position + i + 1)
+              for x, off in zip(inputs, offsets) for i in range(len(x.draft_tokens))]
+    p_rows = [x.draft_probs for x in inputs if x.draft_probs is not None]
+    p = _Rows(torch.cat(p_rows).float().to(logits.device) if p_rows else None,
+              [k for k, dr in enumerate(drafts) if dr.x.draft_probs is not None])
+    q_draft = _probs_of_drafts(q, [dr.row for dr in drafts], drafts, target)
+    p_draft = _probs_of_drafts(p, range(len(drafts)), drafts, None)
+    residual = _residuals(q, p, drafts, target, logits.shape[1], logits.device)
+
+    out, k = [], 0
+    for x, off in zip(inputs, offsets):
+        kk = len(x.draft_tokens)
+        out.append(VerifyResult(
+            draft_tokens=list(x.draft_tokens), target_tokens=target[off:off + kk + 1],
+            q_draft=q_draft[k:k + kk], p_draft=p_draft[k:k + kk],
+            uniforms=[uniform(x.params.seed, x.anchor_position + i + 1, STREAM_ACCEPT)
+                      for i in range(kk)],
+            residual_tokens=residual[k:k + kk]))
+        k += kk
+    return out
+
+
+@dataclass
+class _Draft:
+    x: VerifyInput
+    row: int  # the target row that judges it (holds q for its position)
+    token: int
+    position: int
+
+
+class _Rows:
+    """Full distributions for a subset of rows, the others one-hot.
+
+    ``probs[slot[j]]`` is row j's distribution when j is in ``slot``."""
+
+    def __init__(self, probs: torch.Tensor | None, rows: Sequence[int]) -> None:
+        self.probs = probs  # [len(rows), V] or None
+        self.slot = {j: s for s, j in enumerate(rows)}
+
+
+def _target_rows(logits: torch.Tensor, row_params: list[RowParams]) -> tuple[list[int], _Rows]:
+    """t_j for every row (as ``sampler.sample``) and q_j for the sampled rows."""
+    target = logits.argmax(-1)  # [n] greedy rows: argmax of the raw logits
+    rand = [j for j, p in enumerate(row_params) if not p.greedy]
+    if not rand:
+        return target.tolist(), _Rows(None, [])
+    r = _index(rand, logits.device)
+    sub = _filtered_logits(logits.index_select(0, r), [row_params[j] for j in rand])
+    # the sampler's exponential race, term for term, so t_j == sample()'s token
+    noise = torch.stack([_exp_noise(row_params[j], logits.shape[1]) for j in rand])
+    picked = torch.argmax(torch.log_softmax(sub, dim=-1) - noise.to(logits.device).log(), -1)
+    target.index_copy_(0, r, picked)
+    return target.tolist(), _Rows(torch.softmax(sub, dim=-1), rand)
+
+
+def _probs_of_drafts(dist: _Rows, rows: Sequence[int], drafts: list[_Draft],
+                     onehot_at: list[int] | None) -> list[float]:
+    """dist_row(d) per draft; a row without a full distribution is one-hot at
+    ``onehot_at[row]`` (the target's argmax), or at the draft itself (p = 1)."""
+    out = []
+    full_k, full_s = [], []
+    for k, (j, dr) in enumerate(zip(rows, drafts)):
+        if j in dist.slot:
+            full_k.append(k)
+            full_s.append(dist.slot[j])
+            out.append(0.0)
+        elif onehot_at is None:
+            out.append(1.0)
+        else:
+            out.append(1.0 if dr.token == onehot_at[j] else 0.0)
+    if full_k:
+        dev = dist.probs.device
+        vals = dist.probs[_index(full_s, dev), _index([drafts[k].token for k in full_k], dev)]
+        for k, v in zip(full_k, vals.tolist()):
+            out[k] = v
+    return out
+
+
+def _residuals(q: _Rows, p: _Rows, drafts: list[_Draft], target: list[int], vocab: int,
+               device: torch.device) -> list[int]:
+    """Seeded sample from normalize(max(0, q - p)) per draft, -1 where it is zero."""
+    out = [-1] * len(drafts)
+    full = []
+    for k, dr in enumerate(drafts):
+        if dr.row in q.slot or k in p.slot:
+            full.append(k)
+        elif dr.token != target[dr.row]:  # one-hot q and p at different tokens
+            out[k] = target[dr.row]
+    if not full:
+        return out
+    qf = _dense(q, [drafts[k].row for k in full], [target[drafts[k].row] for k in full],
+                vocab, device)
+    pf = _dense(p, full, [drafts[k].token for k in full], vocab, device)
+    res = (qf - pf).clamp_min_(0.0)  # [len(full), V]
+    u = [uniform(drafts[k].x.params.seed, drafts[k].position, STREAM_RESIDUAL) for k in full]
+    picked = _inverse_cdf(res, u).tolist()
+    defined = (res.sum(-1) > 0).tolist()
+    for s, k in enumerate(full):
+        out[k] = picked[s] if defined[s] else -1
+    return out
+
+
+def _dense(dist: _Rows, rows: Sequence[int], onehot_at: Sequence[int], vocab: int,
+           device: torch.device) -> torch.Tensor:
+    """[len(rows), V]: each row's full distribution, or one-hot at onehot_at."""
+    out = torch.zeros(len(rows), vocab, device=device)
+    dense_s = [s for s, j in enumerate(rows) if j in dist.slot]
+    hot_s = [s for s, j in enumerate(rows) if j not in dist.slot]
+    if dense_s:
+        src = dist.probs.index_select(0, _index([dist.slot[rows[s]] for s in dense_s], device))
+        out.index_copy_(0, _index(dense_s, device), src)
+    if hot_s:
+        out[_index(hot_s, device), _index([onehot_at[s] for s in hot_s], device)] = 1.0
+    return out
+
+
+def _index(ids: Sequence[int], device) -> torch.Tensor:
+    return torch.tensor(list(ids), dtype=torch.long, device=device)
+
+
+def _inverse_cdf(weights: torch.Tensor, u: Sequence[float]) -> torch.Tensor:
+    """weights [N, V] >= 0 (unnormalised), u [N] in (0, 1) -> [N] long: the first
+    index whose running sum exceeds u * total. Never returns a zero-weight
+    index of a row with weight (a row of zeros gets V - 1; callers treat such
+    rows as undefined)."""
+    cdf = torch.cumsum(weights, dim=-1)  # [N, V]
+    x = torch.tensor(list(u), dtype=cdf.dtype, device=cdf.device) * cdf[:, -1]
+    idx = torch.searchsorted(cdf, x[:, None], right=True)[:, 0]  # [N]
+    # u * total can round up to total: fall back to the last index with weight
+    vocab = weights.shape[1]
+    last = vocab - 1 - torch.argmax((weights.flip(-1) > 0).to(torch.uint8), dim=-1)
+    return torch.minimum(idx, last)

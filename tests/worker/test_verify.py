@@ -1,0 +1,264 @@
+"""Verify rows -> VerifyResult: agreement with the sampler, field values,
+batching, determinism, and a statistical test that draft -> verify -> accept
+emits exactly the target's distribution (greedy and sampled drafts)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dspark.shared import rng
+from dspark.shared.acceptance import VerifyResult, accept
+from dspark.worker.sampler import RowParams, sample
+from dspark.worker.verify import VerifyInput, processed_probs, sample_draft, verify
+
+GREEDY = RowParams()
+HOT = RowParams(temperature=0.8, top_k=20, top_p=0.95, seed=11)
+
+
+def _randn(*shape, seed=0, scale=3.0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _row_params(x: VerifyInput, i: int) -> RowParams:
+    p = x.params
+    return RowParams(p.temperature, p.top_k, p.top_p, p.seed, x.anchor_position + i + 1)
+
+
+def _draft(params, k, anchor, vocab, seed, sampled=True):
+    """K drafts from random draft logits at the request's processing."""
+    probs = processed_probs(_randn(k, vocab, seed=seed), [params] * k)
+    if not sampled or params.greedy:
+        return probs.argmax(-1).tolist(), None
+    positions = [anchor + i + 1 for i in range(k)]
+    return sample_draft(probs, [params] * k, positions).tolist(), probs
+
+
+def _mixed_batch(vocab=300):
+    specs = [(GREEDY, 3), (HOT, 4), (RowParams(1.0, 0, 1.0, 5), 0), (GREEDY, 0),
+             (RowParams(0.6, 0, 0.7, 9), 2), (RowParams(1.2, 1, 1.0, 3), 2)]
+    inputs = []
+    for r, (params, k) in enumerate(specs):
+        anchor = 20 + 7 * r
+        d, probs = _draft(params, k, anchor, vocab, seed=100 + r)
+        inputs.append(VerifyInput(d, params, anchor, probs))
+    rows = sum(len(x.draft_tokens) + 1 for x in inputs)
+    return _randn(rows, vocab, seed=1), inputs
+
+
+def test_k0_is_plain_decoding():
+    vocab = 500
+    params = [GREEDY, RowParams(1.0, 0, 1.0, 1), RowParams(0.7, 10, 1.0, 2),
+              RowParams(1.3, 0, 0.8, 3), RowParams(0.9, 40, 0.9, 4)] * 4
+    inputs = [VerifyInput([], p, anchor_position=10 + r) for r, p in enumerate(params)]
+    logits = _randn(len(params), vocab, seed=2)
+    res = verify(logits, inputs)
+    tok, _ = sample(logits, [_row_params(x, 0) for x in inputs])
+    assert [r.target_tokens for r in res] == [[t] for t in tok.tolist()]
+    assert all(r.draft_tokens == r.q_draft == r.uniforms == r.residual_tokens == []
+               for r in res)
+    assert [accept(r, p.greedy).tokens for r, p in zip(res, params)] == [[t] for t in tok.tolist()]
+    assert len({t for t, p in zip(tok.tolist(), params) if not p.greedy}) > 5  # really sampled
+
+
+def test_mixed_batch_fields():
+    logits, inputs = _mixed_batch()
+    res = verify(logits, inputs)
+    off = 0
+    for x, r in zip(inputs, res):
+        k = len(x.draft_tokens)
+        rows = [_row_params(x, i) for i in range(k + 1)]
+        lg = logits[off:off + k + 1]
+        off += k + 1
+        # t_i: what the sampler draws on that row at that position
+        assert r.target_tokens == sample(lg, rows)[0].tolist()
+        q = processed_probs(lg, rows)  # [K+1, V]
+        p = x.draft_probs if x.draft_probs is not None else \
+            torch.nn.functional.one_hot(torch.tensor(x.draft_tokens, dtype=torch.long),
+                                        lg.shape[1]).float()
+        for i, d in enumerate(x.draft_tokens):
+            assert r.q_draft[i] == pytest.approx(q[i, d].item(), abs=1e-7)
+            assert r.p_draft[i] == pytest.approx(p[i, d].item(), abs=1e-7)
+            assert r.uniforms[i] == rng.uniform(x.params.seed, x.anchor_position + i + 1,
+                                                rng.STREAM_ACCEPT)
+            residual = (q[i] - p[i]).clamp_min(0)
+            if residual.sum() > 0:
+                assert residual[r.residual_tokens[i]] > 0
+            else:
+                assert r.residual_tokens[i] == -1
+        if x.params.greedy and x.draft_probs is None:  # one-hot q and p: comparisons only
+            assert r.q_draft == [float(d == t) for d, t in zip(x.draft_tokens, r.target_tokens)]
+            assert r.residual_tokens == [-1 if d == t else t
+                                         for d, t in zip(x.draft_tokens, r.target_tokens)]
+
+
+def test_a_request_does_not_depend_on_its_batch_and_is_deterministic():
+    logits, inputs = _mixed_batch()
+    batch = verify(logits, inputs)
+    assert verify(logits, inputs) == batch
+    off = 0
+    for x, r in zip(inputs, batch):
+        n = len(x.draft_tokens) + 1
+        assert verify(logits[off:off + n], [x]) == [r]
+        off += n
+
+
+def test_greedy_acceptance_on_real_rows():
+    vocab = 200
+    logits = _randn(4, vocab, seed=3)
+    t = logits.argmax(-1).tolist()
+    cases = [([t[0], t[1], t[2]], 3, [t[0], t[1], t[2], t[3]]),  # all match: bonus
+             ([t[0], (t[1] + 1) % vocab, t[2]], 1, [t[0], t[1]]),  # mismatch at d_2
+             ([(t[0] + 1) % vocab, t[1], t[2]], 0, [t[0]])]  # first rejected
+    for drafts, n, tokens in cases:
+        (res,) = verify(logits, [VerifyInput(drafts, GREEDY, 5)])
+        for greedy in (True, False):  # one-hot q and p: both rules agree
+            acc = accept(res, greedy)
+            assert (acc.num_accepted, acc.tokens) == (n, tokens)
+
+
+def test_drafter_equal_to_target_accepts_everything():
+    # same logits and processing: p == q exactly, so every draft is kept
+    vocab, k = 400, 5
+    for params in (HOT, RowParams(1.0, 0, 1.0, 4), RowParams(0.5, 0, 0.6, 8)):
+        logits = _randn(k + 1, vocab, seed=4)
+        probs = processed_probs(logits[:k], [params] * k)
+        drafts = sample_draft(probs, [params] * k, [31 + i for i in range(k)]).tolist()
+        (res,) = verify(logits, [VerifyInput(drafts, params, 30, probs)])
+        assert res.q_draft == res.p_draft and res.residual_tokens == [-1] * k
+        assert accept(res, greedy=False).tokens == drafts + [res.target_tokens[k]]
+
+
+def test_processed_probs_and_sample_draft():
+    vocab = 50
+    logits = _randn(3, vocab, seed=6)
+    params = [GREEDY, RowParams(0.7, 5, 1.0, 1), RowParams(1.0, 0, 0.5, 2)]
+    probs = processed_probs(logits, params)
+    assert probs[0].tolist() == torch.nn.functional.one_hot(logits[0].argmax(), vocab).tolist()
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3))
+    assert (probs[1] > 0).sum() == 5
+    assert set((probs[1] > 0).nonzero()[:, 0].tolist()) == set(logits[1].topk(5).indices.tolist())
+    # sample_draft: greedy rows argmax; sampled rows follow probs, pure in (seed, position)
+    n = 2000
+    rows = [params[1]] * n
+    toks = sample_draft(probs[1:2].expand(n, vocab), rows, list(range(n)))
+    assert toks.tolist() == sample_draft(probs[1:2].expand(n, vocab), rows, list(range(n))).tolist()
+    assert sample_draft(probs[:1], [GREEDY], [0]).item() == logits[0].argmax().item()
+    counts = torch.bincount(toks, minlength=vocab).double()
+    stat, df = _chi2(counts, probs[1].double() * n)
+    assert _chi2_sf(stat, df) > 1e-4, (counts, probs[1] * n)
+
+
+def test_bad_inputs():
+    logits = _randn(3, 10)
+    with pytest.raises(ValueError, match="logits has 3 rows, the inputs need 2"):
+        verify(logits, [VerifyInput([1], GREEDY, 0)])
+    with pytest.raises(ValueError, match="draft_probs has shape"):
+        verify(logits, [VerifyInput([1, 2], HOT, 0, torch.ones(1, 10) / 10)])
+
+
+# ------------------------------------------------------------ losslessness
+
+V, K, N_OUT = 8, 3, 3  # toy vocab, drafts per step, output tokens compared
+TARGET = _randn(V, V, seed=20, scale=1.5)  # Markov target: logits of next | previous
+DRAFTER = 0.4 * TARGET + _randn(V, V, seed=21, scale=1.5)  # a deliberately different drafter
+
+
+def _generate(params: RowParams, n: int, sampled_drafts: bool, corrupt=None) -> torch.Tensor:
+    """n requests (seeds 0..n-1) from anchor token 0 at position 10; draft ->
+    verify -> accept until each has N_OUT tokens. Returns [n, N_OUT] tokens."""
+    ps = [RowParams(params.temperature, params.top_k, params.top_p, s) for s in range(n)]
+    out = [[] for _ in range(n)]
+    last, pos = [0] * n, [10] * n
+    live = list(range(n))
+    while live:
+        x = torch.tensor([last[r] for r in live])
+        drafts, probs = [], []
+        for i in range(K):  # the drafter's left-to-right Markov loop
+            pr = processed_probs(DRAFTER[x], [ps[r] for r in live])
+            x = (sample_draft(pr, [ps[r] for r in live], [pos[r] + i + 1 for r in live])
+                 if sampled_drafts else DRAFTER[x].argmax(-1))
+            drafts.append(x)
+            probs.append(pr)
+        d = torch.stack(drafts, 1)  # [m, K]
+        p = torch.stack(probs, 1)  # [m, K, V]
+        ctx = torch.cat([torch.tensor([last[r] for r in live])[:, None], d], 1)  # [m, K+1]
+        inputs = [VerifyInput(d[j].tolist(), ps[r], pos[r], p[j] if sampled_drafts else None)
+                  for j, r in enumerate(live)]
+        for r, res in zip(live, verify(TARGET[ctx.reshape(-1)], inputs)):
+            if corrupt:
+                res = corrupt(res)
+            toks = accept(res, params.greedy).tokens
+            out[r] += toks
+            last[r], pos[r] = toks[-1], pos[r] + len(toks)
+        live = [r for r in live if len(out[r]) < N_OUT]
+    return torch.tensor([o[:N_OUT] for o in out])
+
+
+def _exact(params: RowParams) -> torch.Tensor:
+    """The target's own distribution of the first N_OUT tokens, [V]*N_OUT."""
+    q = processed_probs(TARGET, [params] * V).double()  # q[prev, next]
+    joint = q[0]
+    for _ in range(N_OUT - 1):
+        joint = joint[..., None] * q.reshape((1,) * (joint.dim() - 1) + (V, V))
+    return joint
+
+
+def _chi2(counts: torch.Tensor, expected: torch.Tensor) -> tuple[float, int]:
+    """Pearson's statistic with cells of expectation < 5 pooled; cells of
+    expectation 0 must be empty."""
+    counts, expected = counts.flatten().double(), expected.flatten().double()
+    assert counts[expected == 0].sum() == 0, "emitted a token the target never emits"
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    return float(((obs - exp) ** 2 / exp).sum()), int(keep.sum()) - 1
+
+
+def _chi2_sf(stat: float, df: int) -> float:
+    """P(chi2_df > stat) by the Wilson-Hilferty cube-root normal approximation."""
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _p_value(params, sampled_drafts, n, corrupt=None) -> float:
+    toks = _generate(params, n, sampled_drafts, corrupt)
+    counts = torch.zeros((V,) * N_OUT, dtype=torch.float64)
+    counts.index_put_(tuple(toks.T), torch.ones(n, dtype=torch.float64), accumulate=True)
+    return _chi2_sf(*_chi2(counts, _exact(params) * n))
+
+
+def _resample_from_q(res: VerifyResult) -> VerifyResult:
+    """The classic bug: at a rejection, emit a fresh sample from q (t_i)
+    instead of the residual sample."""
+    res.residual_tokens = list(res.target_tokens[:-1])
+    return res
+
+
+LOSSLESS = [
+    (RowParams(1.0), False),  # greedy (one-hot) drafts
+    (RowParams(0.7, 5, 1.0), True),  # sampled drafts, top-k: drafter mass outside q
+    (RowParams(1.3, 0, 0.8), True),  # sampled drafts, top-p
+    (RowParams(0.9, 4, 0.9), False),
+]
+
+
+@pytest.mark.parametrize("params, sampled_drafts", LOSSLESS)
+def test_speculative_output_has_the_targets_distribution(params, sampled_drafts):
+    assert _p_value(params, sampled_drafts, n=2000) > 1e-4
+
+
+def test_the_distribution_test_detects_a_lossy_rule():
+    # with fewer samples than above: p ~ 1e-25 here, so the test above has power
+    assert _p_value(RowParams(0.7, 5, 1.0), True, n=1000, corrupt=_resample_from_q) < 1e-8
+
+
+def test_greedy_speculation_reproduces_greedy_decoding():
+    toks = _generate(GREEDY, n=50, sampled_drafts=False)
+    chain = [0]
+    for _ in range(N_OUT):
+        chain.append(TARGET[chain[-1]].argmax().item())
+    assert toks.tolist() == [chain[1:]] * 50
