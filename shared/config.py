@@ -116,7 +116,6 @@ class WorkerConfig(ServerOpsConfig):
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _check(self.dtype in ("auto", "bfloat16", "float32"), "dtype", self.dtype,
                "one of auto, bfloat16, float32")
         _check(self.device in ("cpu", "cuda", "npu"), "device", self.device,
@@ -129,6 +128,7 @@ class WorkerConfig(ServerOpsConfig):
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
         _check(self.num_threads >= 0, "num_threads", self.num_threads, ">= 0")
         self.tap_layer_ids = tuple(int(x) for x in self.tap_layer_ids)
+        super().__post_init__()  # metrics, drain, TLS
 
     @property
     def model_dir(self) -> Path:
@@ -150,13 +150,13 @@ class SchedulerConfig(UpstreamTLSConfig, ServerOpsConfig):
     port: int = DEFAULT_SCHEDULER_PORT
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
                self.max_num_batched_tokens, ">= 1")
         _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, ">= 1")
         _check(self.max_waiting >= 1, "max_waiting", self.max_waiting, ">= 1")
         _check(self.worker_retry_s >= 0, "worker_retry_s", self.worker_retry_s, ">= 0")
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
+        super().__post_init__()  # metrics, drain, TLS
 
 
 @dataclass
@@ -177,7 +177,6 @@ class RouterConfig(PublicAPIConfig, UpstreamTLSConfig, ServerOpsConfig):
     port: int = DEFAULT_ROUTER_PORT
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         self.schedulers = tuple(self.schedulers)
         _check(len(self.schedulers) >= 1, "schedulers", self.schedulers, "at least one address")
         _check(self.default_max_tokens >= 1, "default_max_tokens", self.default_max_tokens, ">= 1")
@@ -189,6 +188,7 @@ class RouterConfig(PublicAPIConfig, UpstreamTLSConfig, ServerOpsConfig):
         _check(self.max_stop_chars >= 1, "max_stop_chars", self.max_stop_chars, ">= 1")
         _check(self.max_stop_token_ids >= 0, "max_stop_token_ids", self.max_stop_token_ids, ">= 0")
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
+        super().__post_init__()  # HTTP API, keys, limits, metrics, drain, TLS
 
     @property
     def model_dir(self) -> Path:
