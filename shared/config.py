@@ -25,13 +25,14 @@ def default_model_dir() -> Path:
     return cache_dir() / "models" / DEFAULT_MODEL_NAME
 
 
-OPS_FIELDS = ("metrics_port", "drain_timeout", "tls_cert", "tls_key", "tls_client_ca",
-              "tls_ca", "tls_client_cert", "tls_client_key")
-
-
 def _check(cond: bool, name: str, value, limit: str) -> None:
     if not cond:
         raise ValueError(f"{name}={value!r} is invalid: must be {limit}")
+
+
+# Fields of the mixins below that each service sets for itself (not passed on by `serve`).
+OPS_FIELDS = ("metrics_port", "drain_timeout", "tls_cert", "tls_key", "tls_client_ca",
+              "tls_ca", "tls_client_cert", "tls_client_key")
 
 
 def _check_file(name: str, path: str) -> None:
