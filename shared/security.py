@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 
-from dspark.shared.errors import ResourceExhausted, Unauthenticated
+from dspark.shared.errors import InvalidArgument, ResourceExhausted, Unauthenticated
 from dspark.shared.logging import get_logger
 
 log = get_logger(component="security")
@@ -125,39 +125,78 @@ def key_name(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
-class ApiKeys:
-    """The accepted API keys.
+@dataclass(frozen=True)
+class KeyLimits:
+    """One key's own limits; None = the router's defaults (--rate-limit-rps,
+    --rate-limit-burst, --max-request-bytes)."""
 
-    ``ApiKeys.from_file(path)``: one key per line; ``NAME KEY`` names it;
-    blank lines and ``#`` comments are skipped; keys are at least 16
-    characters.
+    rps: float | None = None
+    burst: int | None = None
+    max_request_bytes: int | None = None
+
+
+_LIMIT_OPTIONS = {"rps": float, "burst": int, "max_request_bytes": int}
+
+
+class ApiKeys:
+    """The accepted API keys, with optional per-key limits.
+
+    ``ApiKeys.from_file(path)``, one key per line::
+
+        # comment
+        KEY
+        NAME KEY
+        NAME KEY rps=5 burst=10 max_request_bytes=65536
+
+    A NAME names the key in logs and metrics (otherwise a hash prefix); the
+    options override the router's rate limit and request size for that key.
+    Keys are at least 16 characters.
     """
 
     MIN_KEY_CHARS = 16
 
-    def __init__(self, keys: dict[str, str]) -> None:  # name -> key
+    def __init__(self, keys: dict[str, str], limits: dict[str, KeyLimits] | None = None) -> None:
         if not keys:
             raise ValueError("api_keys_file is invalid: it holds no key")
-        self._keys = [(n, k.encode()) for n, k in keys.items()]
+        self._keys = [(n, k.encode()) for n, k in keys.items()]  # name -> key
+        self.limits = limits or {}
 
     @classmethod
     def from_file(cls, path: str) -> "ApiKeys":
         keys: dict[str, str] = {}
+        limits: dict[str, KeyLimits] = {}
         text = _read(path, "api_keys_file").decode()
         for i, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            parts = line.split()
-            if len(parts) > 2:
-                raise ValueError(f"api_keys_file={path!r} line {i} is invalid: "
-                                 "must be KEY or NAME KEY")
-            key = parts[-1]
+            where = f"api_keys_file={path!r} line {i} is invalid"
+            words = [w for w in line.split() if "=" not in w]
+            opts = dict(w.split("=", 1) for w in line.split() if "=" in w)
+            if not 1 <= len(words) <= 2:
+                raise ValueError(f"{where}: must be KEY or NAME KEY, then options "
+                                 "rps=R burst=B max_request_bytes=N")
+            key = words[-1]
             if len(key) < cls.MIN_KEY_CHARS:
-                raise ValueError(f"api_keys_file={path!r} line {i} is invalid: key must be "
-                                 f"at least {cls.MIN_KEY_CHARS} characters")
-            keys[parts[0] if len(parts) == 2 else key_name(key)] = key
-        return cls(keys)
+                raise ValueError(f"{where}: key must be at least {cls.MIN_KEY_CHARS} characters")
+            kw = {}
+            for opt, val in opts.items():
+                conv = _LIMIT_OPTIONS.get(opt)
+                if conv is None:
+                    raise ValueError(f"{where}: unknown option {opt!r}; allowed: "
+                                     f"{', '.join(_LIMIT_OPTIONS)}")
+                try:
+                    kw[opt] = conv(val)
+                except ValueError:
+                    raise ValueError(f"{where}: {opt}={val!r} must be a number") from None
+                if kw[opt] < (0 if opt != "max_request_bytes" else 1024):
+                    raise ValueError(f"{where}: {opt}={val} must be "
+                                     + (">= 1024" if opt == "max_request_bytes" else ">= 0"))
+            name = words[0] if len(words) == 2 else key_name(key)
+            keys[name] = key
+            if kw:
+                limits[name] = KeyLimits(**kw)
+        return cls(keys, limits)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -200,22 +239,27 @@ class RateLimiter:
 
     @property
     def enabled(self) -> bool:
+        """Whether the default rate limits (keys may have their own)."""
         return self.rate > 0
 
-    def acquire(self, name: str, now: float | None = None) -> float:
+    def acquire(self, name: str, now: float | None = None, rate: float | None = None,
+                burst: int | None = None) -> float:
         """Take one request from ``name``'s bucket: 0.0 when allowed, else the
-        seconds until one would be."""
-        if not self.enabled:
+        seconds until one would be. ``rate`` / ``burst`` override the
+        defaults for this key (rate 0 = unlimited)."""
+        rate = self.rate if rate is None else float(rate)
+        if rate <= 0:
             return 0.0
+        cap = float(burst) if burst else (self.burst if rate == self.rate else max(1.0, int(rate)))
         now = time.monotonic() if now is None else now
         with self._lock:
-            tokens, at = self._buckets.get(name, (self.burst, now))
-            tokens = min(self.burst, tokens + (now - at) * self.rate)
+            tokens, at = self._buckets.get(name, (cap, now))
+            tokens = min(cap, tokens + (now - at) * rate)
             if tokens >= 1.0:
                 self._buckets[name] = (tokens - 1.0, now)
                 return 0.0
             self._buckets[name] = (tokens, now)
-            return (1.0 - tokens) / self.rate
+            return (1.0 - tokens) / rate
 
 
 class RateLimited(ResourceExhausted):
@@ -228,11 +272,17 @@ class RateLimited(ResourceExhausted):
 
 
 class Gate:
-    """API key check + rate limit, shared by the gRPC and HTTP front doors."""
+    """API key check + rate limit + per-key request size, shared by the gRPC
+    and HTTP front doors."""
 
-    def __init__(self, keys: ApiKeys | None, limiter: RateLimiter) -> None:
+    def __init__(self, keys: ApiKeys | None, limiter: RateLimiter,
+                 max_request_bytes: int = 0) -> None:
         self.keys = keys
         self.limiter = limiter
+        self.max_request_bytes = max_request_bytes  # the default; 0 = no check here
+
+    def limits(self, name: str) -> KeyLimits:
+        return self.keys.limits.get(name, KeyLimits()) if self.keys is not None else KeyLimits()
 
     def admit(self, presented: str | None, *, limited: bool = True) -> str:
         """The caller's key name; raises Unauthenticated / RateLimited."""
@@ -244,10 +294,31 @@ class Gate:
                 raise Unauthenticated("missing API key (send 'Authorization: Bearer KEY')"
                                       if not presented else "invalid API key")
         if limited:
-            wait = self.limiter.acquire(name)
+            lim = self.limits(name)
+            wait = self.limiter.acquire(name, rate=lim.rps, burst=lim.burst)
             if wait > 0:
-                raise RateLimited(name, self.limiter.rate, wait)
+                raise RateLimited(name, self.limiter.rate if lim.rps is None else lim.rps, wait)
         return name
+
+    def max_bytes(self, name: str) -> int:
+        """The request size limit of this key (0 = none beyond the server's)."""
+        own = self.limits(name).max_request_bytes
+        return own if own is not None else self.max_request_bytes
+
+    def check_size(self, name: str, size: int) -> None:
+        """RequestTooLarge when ``size`` bytes is over this key's limit."""
+        limit = self.max_bytes(name)
+        if limit and size > limit:
+            raise RequestTooLarge(size, limit)
+
+
+class RequestTooLarge(InvalidArgument):
+    """A request over its key's max_request_bytes (HTTP 413)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__("request", f"{size} bytes is over max_request_bytes={limit} "
+                                    "for this API key")
+        self.limit = limit
 
 
 def _abort_handler(handler, code: grpc.StatusCode, message: str):
@@ -285,7 +356,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         token = bearer_token(md.get("authorization"))
         method = details.method.rsplit("/", 1)[-1]
         try:
-            self.gate.admit(token, limited=method in self.limited)
+            name = self.gate.admit(token, limited=method in self.limited)
         except Unauthenticated as e:
             log.info("rpc_unauthenticated", method=method)  # never the key
             if self.on_reject:
@@ -295,4 +366,38 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             if self.on_reject:
                 self.on_reject("rate_limited")
             return _abort_handler(handler, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        if self.gate.keys is not None and self.gate.limits(name).max_request_bytes is not None:
+            return _size_checked(handler, self.gate, name)
         return handler
+
+
+def _size_checked(handler, gate: Gate, name: str):
+    """The handler, refusing requests over the key's own max_request_bytes
+    (the server-wide limit is gRPC's max_receive_message_length)."""
+    kw = dict(request_deserializer=handler.request_deserializer,
+              response_serializer=handler.response_serializer)
+
+    async def check(req, ctx) -> None:
+        try:
+            gate.check_size(name, req.ByteSize())
+        except RequestTooLarge as e:
+            await ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    if handler.unary_stream:
+        inner_s = handler.unary_stream
+
+        async def stream(req, ctx):
+            await check(req, ctx)
+            async for r in inner_s(req, ctx):
+                yield r
+
+        return grpc.unary_stream_rpc_method_handler(stream, **kw)
+    if handler.unary_unary:
+        inner = handler.unary_unary
+
+        async def unary(req, ctx):
+            await check(req, ctx)
+            return await inner(req, ctx)
+
+        return grpc.unary_unary_rpc_method_handler(unary, **kw)
+    return handler

@@ -151,8 +151,9 @@ class OpenAIApi:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        self._admit(request, limited=True)
+        name = self._admit(request, limited=True)
         raw = await request.read()
+        self.gate.check_size(name, len(raw))  # the key's own limit, when it has one
         try:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dspark.shared import errors
+from dspark.shared.security import RequestTooLarge
 from dspark.v1 import common_pb2, router_pb2
 
 # OpenAI's default for /v1/completions; chat uses the router's default.
@@ -306,6 +307,7 @@ def models_json(cards, created: int = 0) -> dict:
 
 # DSpark error -> (HTTP status, OpenAI error type, code)
 _ERRORS: list[tuple[type, int, str, str | None]] = [
+    (RequestTooLarge, 413, "invalid_request_error", "request_too_large"),
     (errors.InvalidArgument, 400, "invalid_request_error", None),
     (errors.Unauthenticated, 401, "invalid_request_error", "invalid_api_key"),
     (errors.NotFound, 404, "invalid_request_error", "model_not_found"),

@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 KEY = "sk-dspark-e2e-0123456789abcdef"
 LIMITED_KEY = "sk-dspark-e2e-limited-00000000"
+SMALL_KEY = "sk-dspark-e2e-small-0000000000"
 DRAIN_TIMEOUT = 20.0
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -45,7 +46,8 @@ def secure(default_model_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("secure")
     pki = make_pki(d / "pki")
     keys = d / "api-keys.txt"
-    keys.write_text(f"# e2e\nci {KEY}\nlimited {LIMITED_KEY}\n")
+    keys.write_text(f"# e2e\nci {KEY}\nlimited {LIMITED_KEY}\n"
+                    f"small {SMALL_KEY} max_request_bytes=2048 rps=50 burst=50\n")
     server = ["--tls-cert", pki.server_cert, "--tls-key", pki.server_key,
               "--drain-timeout", str(DRAIN_TIMEOUT)]
     mutual = [*server, "--tls-client-ca", pki.ca]
@@ -220,6 +222,23 @@ def test_rate_limit_per_key(secure):
     with sdk(secure, api_key=LIMITED_KEY) as cl:
         with pytest.raises(errors.ResourceExhausted, match="rate limit exceeded"):
             cl.generate(prompt="Hi", max_tokens=1)
+
+
+def test_request_size_limit_per_key(secure):
+    """The 'small' key has max_request_bytes=2048: a 2.5 kB prompt is refused
+    for it (gRPC INVALID_ARGUMENT, HTTP 413) and served for the other key."""
+    prompt = "hello world " * 210
+    with sdk(secure, api_key=SMALL_KEY) as cl:
+        with pytest.raises(errors.InvalidArgument, match="over max_request_bytes=2048") as e:
+            cl.generate(prompt=prompt, max_tokens=1)
+        assert e.value.field == "request"
+        assert cl.generate(prompt="Hi", max_tokens=1).usage.completion_tokens == 1
+    with sdk(secure) as cl:
+        assert cl.generate(prompt=prompt, max_tokens=1).usage.completion_tokens == 1
+    with _https(secure) as h:
+        r = h.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1},
+                   headers={"Authorization": f"Bearer {SMALL_KEY}"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
 # -- graceful drain (these stop processes: keep them last) ----------------------------

@@ -188,3 +188,20 @@ def test_error_after_stream_started_is_an_error_event():
     assert json.loads(events[0])["choices"][0]["text"] == "Hel"
     assert json.loads(events[1])["error"]["message"] == "scheduler lost"
     assert events[-1] == "[DONE]"
+
+
+def test_per_key_request_size_is_413(tmp_path):
+    p = tmp_path / "k"
+    p.write_text(f"small {KEY} max_request_bytes=1024\n")
+    keys = ApiKeys.from_file(str(p))
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    async def go(c):
+        small = await post(c, "/v1/completions", BODY, headers=auth)
+        big = await post(c, "/v1/completions", dict(BODY, prompt="x" * 1500), headers=auth)
+        return small, big
+
+    (s1, _, _), (s2, _, text) = run(FakeRouter(), go, keys=keys)
+    assert s1 == 200 and s2 == 413
+    e = err_of(text)
+    assert e["param"] == "request" and "max_request_bytes=1024" in e["message"]

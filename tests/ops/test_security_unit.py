@@ -44,6 +44,9 @@ def test_api_keys_file_names_and_matches(tmp_path):
     ("", "holds no key"),
     ("short\n", "at least 16 characters"),
     (f"a b {KEY_A}\n", "must be KEY or NAME KEY"),
+    (f"a {KEY_A} rps=fast\n", "rps='fast' must be a number"),
+    (f"a {KEY_A} colour=red\n", "unknown option 'colour'"),
+    (f"a {KEY_A} max_request_bytes=10\n", "max_request_bytes=10 must be >= 1024"),
 ])
 def test_bad_keys_files(tmp_path, text, words):
     with pytest.raises(ValueError, match=words):
@@ -129,3 +132,20 @@ def test_services_bind_loopback_by_default():
     for cfg in (RouterConfig(), SchedulerConfig(), WorkerConfig()):
         assert cfg.host == "127.0.0.1"
     assert RouterConfig().http_port == 0 and RouterConfig().metrics_port == 0
+
+
+def test_per_key_limits(tmp_path):
+    from dspark.shared.security import KeyLimits, RequestTooLarge
+
+    keys = ApiKeys.from_file(keys_file(
+        tmp_path, f"big {KEY_A} rps=100 burst=100\nsmall {KEY_B} rps=1 max_request_bytes=2048\n"))
+    assert keys.limits["small"] == KeyLimits(rps=1.0, burst=None, max_request_bytes=2048)
+    gate = Gate(keys, RateLimiter(rate=2.0, burst=2))
+    assert [gate.admit(KEY_A) for _ in range(50)] == ["big"] * 50  # its own, higher limit
+    assert gate.admit(KEY_B) == "small"
+    with pytest.raises(RateLimited, match="at most 1 requests/s"):
+        gate.admit(KEY_B)
+    gate.check_size("small", 2048)
+    with pytest.raises(RequestTooLarge, match="2049 bytes is over max_request_bytes=2048"):
+        gate.check_size("small", 2049)
+    gate.check_size("big", 10**6)  # no own size limit: the server's applies
