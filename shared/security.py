@@ -59,12 +59,21 @@ class ServerTLS:
         return grpc.ssl_server_credentials([pair])
 
     def ssl_context(self) -> ssl.SSLContext:
-        """For the HTTP API (and metrics): TLS 1.2+, client certs when mutual."""
+        """For the HTTP API (and metrics): TLS 1.2+, client certs when mutual.
+        A file that is not valid PEM is a ValueError naming the field."""
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(self.cert, self.key)
+        try:
+            ctx.load_cert_chain(self.cert, self.key)
+        except (ssl.SSLError, OSError) as e:
+            raise ValueError(f"tls_cert={self.cert!r} / tls_key={self.key!r} is invalid: not a "
+                             f"matching PEM certificate and private key ({e})") from None
         if self.client_ca:
-            ctx.load_verify_locations(self.client_ca)
+            try:
+                ctx.load_verify_locations(self.client_ca)
+            except (ssl.SSLError, OSError) as e:
+                raise ValueError(f"tls_client_ca={self.client_ca!r} is invalid: not a PEM "
+                                 f"CA certificate ({e})") from None
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 

@@ -133,6 +133,8 @@ class Service:
              reflection.SERVICE_NAME], self.server)
 
     async def start(self) -> None:
+        if self.tls is not None:
+            self.tls.ssl_context()  # bad PEM files: a clear error naming the field
         try:
             if self.tls is not None:
                 bound = self.server.add_secure_port(self.address, self.tls.grpc_credentials())

@@ -149,3 +149,15 @@ def test_per_key_limits(tmp_path):
     with pytest.raises(RequestTooLarge, match="2049 bytes is over max_request_bytes=2048"):
         gate.check_size("small", 2049)
     gate.check_size("big", 10**6)  # no own size limit: the server's applies
+
+
+def test_bad_pem_is_a_clear_error(tmp_path):
+    pki = make_pki(tmp_path)
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    with pytest.raises(ValueError, match="tls_cert=.* is invalid: not a matching PEM"):
+        ServerTLS(str(bad), pki.server_key).ssl_context()
+    with pytest.raises(ValueError, match="not a matching PEM"):  # key of another cert
+        ServerTLS(pki.server_cert, pki.client_key).ssl_context()
+    with pytest.raises(ValueError, match="tls_client_ca=.* is invalid"):
+        ServerTLS(pki.server_cert, pki.server_key, str(bad)).ssl_context()
