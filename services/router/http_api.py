@@ -10,7 +10,6 @@ error JSON with the HTTP status of the error (400, 401, 404, 413, 429, 503).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -214,8 +213,9 @@ class OpenAIApi:
         except errors.DSparkError as e:  # after the headers: an error event, then the end
             _, body = oa.error_for(e)
             await send(body)
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
+        except (StopAsyncIteration, ValueError, RuntimeError, KeyError, TypeError) as e:
+            log.exception("http_stream_failed", error=type(e).__name__)
+            await send(oa.error_json(500, "internal server error", "internal_error"))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
