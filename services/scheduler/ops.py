@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from dspark.scheduler.engine import Engine
+import grpc
+from grpc_health.v1 import health_pb2
+
+from dspark.scheduler.engine import WORKER_SERVICE, Engine
 from dspark.scheduler.servicer import SchedulerServicer
 from dspark.shared import errors
 from dspark.shared.logging import get_logger
@@ -80,3 +83,28 @@ async def drain(engine: Engine, timeout_s: float) -> None:
             f"scheduler shut down: the request did not finish within the drain timeout "
             f"({timeout_s:g}s)"))
         await asyncio.sleep(0.2)  # let the streams carry the error out
+
+
+async def watch_worker(engine: Engine, svc, period_s: float = 1.0) -> None:
+    """Follow the worker's readiness: while it is NOT_SERVING (draining,
+    restarting) the scheduler stops admitting (GetLoad.accepting false, its
+    own readiness off), so routers send new work elsewhere and the worker can
+    finish what it has; when it serves again, admission resumes. Requests
+    already running keep being stepped."""
+    worker_ready = True
+    while not svc.draining:
+        try:
+            r = await engine.health.Check(
+                health_pb2.HealthCheckRequest(service=WORKER_SERVICE), timeout=2.0)
+            ready = r.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.aio.AioRpcError:
+            ready = False
+        if svc.draining:
+            return
+        if ready != worker_ready:
+            worker_ready = ready
+            engine.accepting = ready
+            await svc.set_ready(ready)
+            log.warning("worker_ready" if ready else "worker_not_ready",
+                        worker=engine.config.worker, accepting=ready)
+        await asyncio.sleep(period_s)

@@ -76,9 +76,11 @@ async def serve(config: SchedulerConfig) -> None:
         await svc.server.stop(0)
         raise
     sampler = asyncio.create_task(ops.sample_load(engine, metrics))
+    watcher = asyncio.create_task(ops.watch_worker(engine, svc))
     await svc.set_ready(True)
     log.info("ready", address=svc.address, worker=config.worker)
     await svc.run_until_stopped(grace_s=config.drain_timeout + 1.0,
                                 on_drain=lambda: ops.drain(engine, config.drain_timeout))
     sampler.cancel()
+    watcher.cancel()
     await engine.close()
