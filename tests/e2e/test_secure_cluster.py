@@ -241,6 +241,15 @@ def test_request_size_limit_per_key(secure):
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
+def test_no_key_ever_reaches_the_logs(secure):
+    """After every test above (good, wrong and rate-limited keys over gRPC
+    and HTTP): no key, right or wrong, is in any service's log."""
+    logs = "".join(p.read_text() for p in secure.log_dir.glob("*.log"))
+    assert "unauthenticated" in logs  # the refusals were logged, by method/path only
+    for secret in (KEY, LIMITED_KEY, SMALL_KEY, "sk-wrong-key", "sk-not-a-real-key"):
+        assert secret not in logs, secret
+
+
 # -- graceful drain (these stop processes: keep them last) ----------------------------
 
 
