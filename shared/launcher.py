@@ -23,8 +23,9 @@ class Cluster:
     schedulers: list[str] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM in dependency order (router first), then wait, then kill."""
+    def stop(self, timeout_s: float = 40.0) -> None:
+        """SIGTERM in dependency order (router first), then wait (long enough for
+        the default 30 s drain), then kill."""
         for _, p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
