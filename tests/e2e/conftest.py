@@ -3,6 +3,7 @@ loopback, serving the real default model in fp32 (so that batched and
 one-at-a-time greedy outputs must agree exactly)."""
 from __future__ import annotations
 
+import random
 import socket
 import time
 from pathlib import Path
@@ -19,8 +20,10 @@ MAX_MODEL_LEN = 1024
 
 
 def _free_port_block(n: int) -> int:
-    """A base port with n consecutive free ports."""
-    for base in range(41000, 60000, 97):
+    """A base port with n consecutive free ports (the scan starts at a random
+    point, so that test runs started together rarely pick the same block)."""
+    start = 41000 + 97 * random.randrange(0, 150)
+    for base in [*range(start, 60000, 97), *range(41000, start, 97)]:
         ok = True
         for p in range(base, base + n):
             with socket.socket() as s:
