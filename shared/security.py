@@ -248,7 +248,7 @@ class RateLimiter:
 
     @property
     def enabled(self) -> bool:
-        """Whether the default rate limits (keys may have their own)."""
+        """Whether a default rate limit is set (keys may have their own)."""
         return self.rate > 0
 
     def acquire(self, name: str, now: float | None = None, rate: float | None = None,
