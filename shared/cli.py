@@ -11,6 +11,7 @@ import typing
 from dspark.shared.config import (
     DEFAULT_HOST,
     DEFAULT_ROUTER_PORT,
+    OPS_FIELDS,
     RouterConfig,
     SchedulerConfig,
     WorkerConfig,
@@ -107,13 +108,44 @@ def cmd_serve(args) -> int:
     return serve_all(args)
 
 
+def cmd_health(args) -> int:
+    """Exit 0 when `service` at `address` reports SERVING (compose / exec probes)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from dspark.shared.security import ClientTLS, sync_channel
+
+    tls = None
+    if args.tls_ca or args.tls:
+        tls = ClientTLS(args.tls_ca, args.tls_client_cert, args.tls_client_key)
+    options = ([("grpc.ssl_target_name_override", args.tls_server_name)]
+               if args.tls_server_name else None)
+    try:
+        with sync_channel(args.address, tls, options=options) as ch:
+            r = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+    except grpc.RpcError as e:
+        print(f"{args.address} {args.service or '(liveness)'}: {e.code().name}: {e.details()}",
+              file=sys.stderr)
+        return 1
+    except ValueError as e:  # unreadable certificate files
+        print(f"dspark health: error: {e}", file=sys.stderr)
+        return 2
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+    print(f"{args.address} {args.service or '(liveness)'}: {name}")
+    return 0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
 def cmd_generate(args) -> int:
+    import os
+
     from dspark.shared.client import Client
     from dspark.shared.errors import DSparkError
 
     messages = [{"role": "user", "content": args.prompt}] if args.chat else None
     try:
-        with Client(args.router, timeout=args.timeout) as client:
+        with Client(args.router, timeout=args.timeout, api_key=os.environ.get("DSPARK_API_KEY"),
+                    tls_root_cert=args.tls_ca or None, tls=bool(args.tls_ca)) as client:
             stream = client.stream(
                 prompt=None if args.chat else args.prompt, messages=messages,
                 max_tokens=args.max_tokens, temperature=args.temperature,
@@ -151,7 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("serve", help="start router + scheduler + worker on loopback")
-    add_config_args(s, WorkerConfig, skip=("host", "port"))
+    add_config_args(s, WorkerConfig, skip=("host", "port", *OPS_FIELDS))
+    s.add_argument("--http-port", type=int, default=8000,
+                   help="OpenAI-compatible HTTP API port of the router; 0 = off (default 8000)")
+    s.add_argument("--metrics-port", type=int, default=0,
+                   help="first metrics port: router, then scheduler-i and worker-i in turn; "
+                        "0 = off (default)")
+    s.add_argument("--drain-timeout", type=float, default=None,
+                   help="seconds each service lets in-flight work finish after SIGTERM")
     s.add_argument("--replicas", type=int, default=1, help="scheduler+worker pairs (default 1)")
     s.add_argument("--router-port", type=int, default=DEFAULT_ROUTER_PORT)
     s.add_argument("--base-port", type=int, default=DEFAULT_ROUTER_PORT + 1,
@@ -174,7 +213,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="")
     g.add_argument("--router", default=f"{DEFAULT_HOST}:{DEFAULT_ROUTER_PORT}")
     g.add_argument("--timeout", type=float, default=None, help="seconds")
+    g.add_argument("--tls-ca", default="", help="CA certificate of a TLS router (PEM)")
     g.set_defaults(fn=cmd_generate)
+    g.epilog = "The API key, when the router requires one, is read from $DSPARK_API_KEY."
+
+    h = sub.add_parser("health", help="check a service's gRPC health (exit 0 = SERVING)")
+    h.add_argument("--address", required=True, help="host:port")
+    h.add_argument("--service", default="",
+                   help='dspark.v1.Router | dspark.v1.Scheduler | dspark.v1.Worker; "" = liveness')
+    h.add_argument("--timeout", type=float, default=3.0)
+    h.add_argument("--tls", action="store_true", help="TLS with the system's roots")
+    h.add_argument("--tls-ca", default="")
+    h.add_argument("--tls-client-cert", default="")
+    h.add_argument("--tls-client-key", default="")
+    h.add_argument("--tls-server-name", default="",
+                   help="name to check the server certificate against (default: the host)")
+    h.set_defaults(fn=cmd_health)
 
     m = sub.add_parser("model", help="model management")
     msub = m.add_subparsers(dest="model_cmd", required=True)

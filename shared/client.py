@@ -19,6 +19,11 @@ Async::
         async for chunk in client.stream(prompt="Once upon a time", max_tokens=32):
             print(chunk.text, end="")
 
+TLS and API keys: ``Client("router.example:50051", api_key="...",
+tls_root_cert="ca.pem")`` (``tls=True`` alone uses the system's roots;
+``tls_client_cert`` / ``tls_client_key`` for mutual TLS). The key travels as
+``authorization: Bearer KEY`` metadata on every call.
+
 Errors are the typed exceptions of ``dspark.shared.errors`` (InvalidArgument,
 ResourceExhausted, Unavailable, DeadlineExceeded, ...); a ``grpc.RpcError``
 never escapes. ``timeout`` (seconds) is a per-call deadline: the client's
@@ -171,6 +176,33 @@ class _Aggregate:
                           request_id=last.request_id)
 
 
+def _pem(value: str | bytes | None) -> bytes | None:
+    """PEM bytes from bytes or a file path."""
+    if value is None or isinstance(value, bytes):
+        return value
+    with open(value, "rb") as f:
+        return f.read()
+
+
+def channel_credentials(tls: bool, root_cert, client_cert, client_key):
+    """grpc.ChannelCredentials, or None for plaintext."""
+    if not (tls or root_cert or client_cert):
+        return None
+    if bool(client_cert) != bool(client_key):
+        raise ValueError("tls_client_cert and tls_client_key go together")
+    return grpc.ssl_channel_credentials(root_certificates=_pem(root_cert),
+                                        private_key=_pem(client_key),
+                                        certificate_chain=_pem(client_cert))
+
+
+def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...] | None:
+    if api_key is None:
+        return None
+    if not isinstance(api_key, str) or not api_key or any(c in api_key for c in "\r\n "):
+        raise ValueError("api_key is invalid: must be a non-empty string without spaces")
+    return (("authorization", f"Bearer {api_key}"),)
+
+
 def _timeout(value: float | None) -> float | None:
     if value is not None and value <= 0:
         raise ValueError(f"timeout={value!r} is invalid: must be > 0 seconds or None")
@@ -244,8 +276,10 @@ class Stream:
 class Client:
     """Synchronous client of the router.
 
-    ``Client(address="127.0.0.1:50051", timeout=None)``; use as a context
-    manager or call :meth:`close`. ``wait_for_ready`` makes calls wait for the
+    ``Client(address="127.0.0.1:50051", timeout=None, *, api_key=None,
+    tls=False, tls_root_cert=None, tls_client_cert=None, tls_client_key=None)``
+    (certificates as file paths or PEM bytes); use as a context manager or
+    call :meth:`close`. ``wait_for_ready`` makes calls wait for the
     channel to connect (within the deadline) instead of failing fast with
     Unavailable.
 
@@ -257,11 +291,19 @@ class Client:
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None, *,
                  wait_for_ready: bool = False,
-                 options: Sequence[tuple[str, Any]] = ()) -> None:
+                 options: Sequence[tuple[str, Any]] = (), api_key: str | None = None,
+                 tls: bool = False, tls_root_cert: str | bytes | None = None,
+                 tls_client_cert: str | bytes | None = None,
+                 tls_client_key: str | bytes | None = None) -> None:
         self.address = address
         self.timeout = _timeout(timeout)
         self._wait_for_ready = wait_for_ready
-        self._channel = grpc.insecure_channel(address, options=list(options))
+        self._md = auth_metadata(api_key)
+        creds = channel_credentials(tls, tls_root_cert, tls_client_cert, tls_client_key)
+        if creds is None:
+            self._channel = grpc.insecure_channel(address, options=list(options))
+        else:
+            self._channel = grpc.secure_channel(address, creds, options=list(options))
         self._stub = router_pb2_grpc.RouterStub(self._channel)
 
     def stream(self, prompt: str | None = None, messages: Sequence[Any] | None = None,
@@ -277,7 +319,8 @@ class Client:
                             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
                             model=model, request_id=request_id)
         t = _timeout(timeout) if timeout is not None else self.timeout
-        return Stream(self._stub.Generate(req, timeout=t, wait_for_ready=self._wait_for_ready))
+        return Stream(self._stub.Generate(req, timeout=t, wait_for_ready=self._wait_for_ready,
+                                          metadata=self._md))
 
     def generate(self, prompt: str | None = None, messages: Sequence[Any] | None = None,
                  max_tokens: int | None = None, temperature: float | None = None,
@@ -300,7 +343,7 @@ class Client:
         try:
             resp = self._stub.Abort(router_pb2.AbortRequest(request_id=request_id),
                                     timeout=timeout if timeout is not None else self.timeout,
-                                    wait_for_ready=self._wait_for_ready)
+                                    wait_for_ready=self._wait_for_ready, metadata=self._md)
         except grpc.RpcError as e:
             raise from_grpc_error(e) from e
         return resp.found
@@ -310,7 +353,7 @@ class Client:
         try:
             resp = self._stub.ListModels(router_pb2.ListModelsRequest(),
                                          timeout=timeout if timeout is not None else self.timeout,
-                                         wait_for_ready=self._wait_for_ready)
+                                         wait_for_ready=self._wait_for_ready, metadata=self._md)
         except grpc.RpcError as e:
             raise from_grpc_error(e) from e
         return [ModelInfo(m.name, m.max_model_len, m.num_replicas) for m in resp.models]

@@ -18,7 +18,9 @@ from dspark.shared.client import (
     _Aggregate,
     _chunk,
     _timeout,
+    auth_metadata,
     build_request,
+    channel_credentials,
 )
 from dspark.shared.errors import from_grpc_error
 from dspark.v1 import router_pb2, router_pb2_grpc
@@ -89,18 +91,27 @@ class AsyncClient:
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: float | None = None, *,
                  wait_for_ready: bool = False,
-                 options: Sequence[tuple[str, Any]] = ()) -> None:
+                 options: Sequence[tuple[str, Any]] = (), api_key: str | None = None,
+                 tls: bool = False, tls_root_cert: str | bytes | None = None,
+                 tls_client_cert: str | bytes | None = None,
+                 tls_client_key: str | bytes | None = None) -> None:
         self.address = address
         self.timeout = _timeout(timeout)
         self._wait_for_ready = wait_for_ready
         self._options = list(options)
+        self._md = auth_metadata(api_key)
+        self._creds = channel_credentials(tls, tls_root_cert, tls_client_cert, tls_client_key)
         self._channel: grpc.aio.Channel | None = None
         self._stub_obj: router_pb2_grpc.RouterStub | None = None
 
     @property
     def _stub(self) -> router_pb2_grpc.RouterStub:
         if self._stub_obj is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
+            if self._creds is None:
+                self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
+            else:
+                self._channel = grpc.aio.secure_channel(self.address, self._creds,
+                                                        options=self._options)
             self._stub_obj = router_pb2_grpc.RouterStub(self._channel)
         return self._stub_obj
 
@@ -118,7 +129,8 @@ class AsyncClient:
                             model=model, request_id=request_id)
         t = _timeout(timeout) if timeout is not None else self.timeout
         return AsyncStream(self._stub.Generate(req, timeout=t,
-                                               wait_for_ready=self._wait_for_ready))
+                                               wait_for_ready=self._wait_for_ready,
+                                               metadata=self._md))
 
     async def generate(self, prompt: str | None = None, messages: Sequence[Any] | None = None,
                        max_tokens: int | None = None, temperature: float | None = None,
@@ -142,7 +154,7 @@ class AsyncClient:
             resp = await self._stub.Abort(
                 router_pb2.AbortRequest(request_id=request_id),
                 timeout=timeout if timeout is not None else self.timeout,
-                wait_for_ready=self._wait_for_ready)
+                wait_for_ready=self._wait_for_ready, metadata=self._md)
         except grpc.RpcError as e:
             raise from_grpc_error(e) from e
         return resp.found
@@ -153,7 +165,7 @@ class AsyncClient:
             resp = await self._stub.ListModels(
                 router_pb2.ListModelsRequest(),
                 timeout=timeout if timeout is not None else self.timeout,
-                wait_for_ready=self._wait_for_ready)
+                wait_for_ready=self._wait_for_ready, metadata=self._md)
         except grpc.RpcError as e:
             raise from_grpc_error(e) from e
         return [ModelInfo(m.name, m.max_model_len, m.num_replicas) for m in resp.models]

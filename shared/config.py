@@ -66,8 +66,78 @@ def _check(cond: bool, name: str, value, limit: str) -> None:
         raise ValueError(f"{name}={value!r} is invalid: must be {limit}")
 
 
+# Fields of the mixins below that each service sets for itself (not passed on by `serve`).
+OPS_FIELDS = ("metrics_port", "drain_timeout", "tls_cert", "tls_key", "tls_client_ca",
+              "tls_ca", "tls_client_cert", "tls_client_key")
+
+
+def _check_file(name: str, path: str) -> None:
+    _check(not path or Path(path).is_file(), name, path, "a readable file")
+
+
 @dataclass
-class WorkerConfig:
+class ServerOpsConfig:
+    """What every service's server has: metrics, drain, TLS (composed into
+    each service's config; fields come first in the flag list)."""
+
+    metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 = off
+    drain_timeout: float = 30.0  # seconds in-flight work may take after SIGTERM
+    tls_cert: str = ""  # PEM certificate of this service; set = serve TLS only
+    tls_key: str = ""  # PEM private key of tls_cert
+    tls_client_ca: str = ""  # PEM CA; set = mutual TLS: clients must show a cert it signed
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.metrics_port < 65536, "metrics_port", self.metrics_port,
+               "in 0..65535 (0 = off)")
+        _check(self.drain_timeout >= 0, "drain_timeout", self.drain_timeout, ">= 0 seconds")
+        _check(bool(self.tls_cert) == bool(self.tls_key), "tls_key", self.tls_key,
+               "set together with tls_cert")
+        _check(not self.tls_client_ca or bool(self.tls_cert), "tls_client_ca",
+               self.tls_client_ca, "used with tls_cert (mutual TLS needs a server certificate)")
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            _check_file(name, getattr(self, name))
+
+
+@dataclass
+class UpstreamTLSConfig:
+    """How a service reaches its next hop (router -> scheduler -> worker)."""
+
+    tls_ca: str = ""  # PEM CA of the next hop's certificate; set = connect with TLS
+    tls_client_cert: str = ""  # our certificate for mutual TLS with the next hop
+    tls_client_key: str = ""  # its private key
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(bool(self.tls_client_cert) == bool(self.tls_client_key), "tls_client_key",
+               self.tls_client_key, "set together with tls_client_cert")
+        _check(not self.tls_client_cert or bool(self.tls_ca), "tls_client_cert",
+               self.tls_client_cert, "used with tls_ca")
+        for name in ("tls_ca", "tls_client_cert", "tls_client_key"):
+            _check_file(name, getattr(self, name))
+
+
+@dataclass
+class PublicAPIConfig:
+    """The router's public front doors: OpenAI-compatible HTTP, API keys, limits."""
+
+    http_port: int = 0  # OpenAI-compatible HTTP API on host:http_port; 0 = off
+    api_keys_file: str = ""  # one key per line (or NAME KEY); set = keys required
+    rate_limit_rps: float = 0.0  # requests/s per API key; 0 = unlimited
+    rate_limit_burst: int = 0  # bucket size; 0 = max(1, rate_limit_rps)
+    max_request_bytes: int = 4 * 1024 * 1024  # one HTTP body / gRPC message
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(0 <= self.http_port < 65536, "http_port", self.http_port, "in 0..65535 (0 = off)")
+        _check(self.rate_limit_rps >= 0, "rate_limit_rps", self.rate_limit_rps, ">= 0")
+        _check(self.rate_limit_burst >= 0, "rate_limit_burst", self.rate_limit_burst, ">= 0")
+        _check(self.max_request_bytes >= 1024, "max_request_bytes", self.max_request_bytes,
+               ">= 1024")
+        _check_file("api_keys_file", self.api_keys_file)
+
+
+@dataclass
+class WorkerConfig(ServerOpsConfig):
     """The model runtime of one worker."""
 
     model: str = ""  # checkpoint directory; "" = the prepared default model
@@ -104,6 +174,7 @@ class WorkerConfig:
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
         _check(self.num_threads >= 0, "num_threads", self.num_threads, ">= 0")
         self.tap_layer_ids = tuple(int(x) for x in self.tap_layer_ids)
+        super().__post_init__()  # metrics, drain, TLS
 
     @property
     def model_dir(self) -> Path:
@@ -129,7 +200,7 @@ class WorkerConfig:
 
 
 @dataclass
-class SchedulerConfig:
+class SchedulerConfig(UpstreamTLSConfig, ServerOpsConfig):
     """Continuous batching of one model replica."""
 
     worker: str = f"{DEFAULT_HOST}:{DEFAULT_WORKER_PORT}"
@@ -149,10 +220,11 @@ class SchedulerConfig:
         _check(self.max_waiting >= 1, "max_waiting", self.max_waiting, ">= 1")
         _check(self.worker_retry_s >= 0, "worker_retry_s", self.worker_retry_s, ">= 0")
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
+        super().__post_init__()  # metrics, drain, TLS
 
 
 @dataclass
-class RouterConfig:
+class RouterConfig(PublicAPIConfig, UpstreamTLSConfig, ServerOpsConfig):
     """The public gateway."""
 
     schedulers: tuple[str, ...] = (f"{DEFAULT_HOST}:{DEFAULT_SCHEDULER_PORT}",)
@@ -180,6 +252,7 @@ class RouterConfig:
         _check(self.max_stop_chars >= 1, "max_stop_chars", self.max_stop_chars, ">= 1")
         _check(self.max_stop_token_ids >= 0, "max_stop_token_ids", self.max_stop_token_ids, ">= 0")
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
+        super().__post_init__()  # HTTP API, keys, limits, metrics, drain, TLS
 
     @property
     def model_dir(self) -> Path:

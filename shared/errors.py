@@ -57,6 +57,12 @@ class ResourceExhausted(DSparkError):
     GRPC_CODE = "RESOURCE_EXHAUSTED"
 
 
+class Unauthenticated(DSparkError):
+    """Missing or wrong API key."""
+
+    GRPC_CODE = "UNAUTHENTICATED"
+
+
 class Unavailable(DSparkError):
     """No backend can serve the request right now (down, draining, unreachable)."""
 
@@ -94,6 +100,7 @@ _BY_CODE: dict[str, type[DSparkError]] = {
     "NOT_FOUND": NotFound,
     "RESOURCE_EXHAUSTED": ResourceExhausted,
     "UNAVAILABLE": Unavailable,
+    "UNAUTHENTICATED": Unauthenticated,
     "DEADLINE_EXCEEDED": DeadlineExceeded,
     "CANCELLED": Cancelled,
     "INTERNAL": Internal,

@@ -23,8 +23,9 @@ class Cluster:
     schedulers: list[str] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM in dependency order (router first), then wait, then kill."""
+    def stop(self, timeout_s: float = 40.0) -> None:
+        """SIGTERM in dependency order (router first), then wait (long enough for
+        the default 30 s drain), then kill."""
         for _, p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -37,6 +38,14 @@ class Cluster:
                 p.wait()
 
     log_dir: Path | None = None
+    tls: object = None  # dspark.shared.security.ClientTLS used to reach the services
+    api_key: str | None = None
+    http: str = ""  # host:port of the router's HTTP API ("" = off)
+    metrics: dict = field(default_factory=dict)  # process name -> host:port of /metrics
+
+    def proc(self, name: str) -> subprocess.Popen:
+        """The process called ``name`` (router, scheduler-0, worker-1, ...)."""
+        return dict(self.procs)[name]
 
     def check_alive(self) -> None:
         for name, p in self.procs:
@@ -48,10 +57,13 @@ class Cluster:
                 raise RuntimeError(f"{name} exited with code {p.returncode}{hint}")
 
 
-def wait_ready(address: str, service: str, timeout_s: float, cluster: Cluster | None = None) -> None:
-    """Poll grpc.health.v1 readiness of `service` at `address`."""
+def wait_ready(address: str, service: str, timeout_s: float, cluster: Cluster | None = None,
+               tls=None) -> None:
+    """Poll grpc.health.v1 readiness of `service` at `address` (TLS: a ClientTLS)."""
+    from dspark.shared.security import sync_channel
+
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as ch:
+    with sync_channel(address, tls) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
             if cluster is not None:
@@ -66,11 +78,14 @@ def wait_ready(address: str, service: str, timeout_s: float, cluster: Cluster | 
     raise TimeoutError(f"{service} at {address} not ready after {timeout_s:.0f}s")
 
 
-def _router_replicas(address: str) -> int:
+def _router_replicas(address: str, tls=None, api_key: str | None = None) -> int:
+    from dspark.shared.security import sync_channel
     from dspark.v1 import router_pb2, router_pb2_grpc
 
-    with grpc.insecure_channel(address) as ch:
-        models = router_pb2_grpc.RouterStub(ch).ListModels(router_pb2.ListModelsRequest(), timeout=5)
+    md = (("authorization", f"Bearer {api_key}"),) if api_key else None
+    with sync_channel(address, tls) as ch:
+        models = router_pb2_grpc.RouterStub(ch).ListModels(router_pb2.ListModelsRequest(),
+                                                           timeout=5, metadata=md)
     return max((m.num_replicas for m in models.models), default=0)
 
 
@@ -89,31 +104,49 @@ def start_cluster(*, replicas: int = 1, host: str = "127.0.0.1", router_port: in
                   base_port: int = 50052, worker_args: list[str] = (),
                   scheduler_args: list[str] = (), router_args: list[str] = (),
                   log_dir: Path | None = None, log_level: str = "INFO",
-                  timeout_s: float = 600.0) -> Cluster:
+                  timeout_s: float = 600.0, tls=None, api_key: str | None = None,
+                  http_port: int = 0, metrics_base_port: int = 0) -> Cluster:
     """Start `replicas` worker+scheduler pairs and one router; return when the
-    router is ready (or raise, after stopping what was started)."""
-    c = Cluster(router=f"{host}:{router_port}", log_dir=log_dir)
+    router is ready (or raise, after stopping what was started).
+
+    ``tls`` (a ClientTLS) and ``api_key`` are what the readiness checks use
+    when the services were told (through the *_args) to require them;
+    ``http_port`` > 0 starts the router's OpenAI-compatible HTTP API;
+    ``metrics_base_port`` > 0 gives every process a metrics port from it
+    (router first, then scheduler-i, worker-i)."""
+    c = Cluster(router=f"{host}:{router_port}", log_dir=log_dir, tls=tls, api_key=api_key,
+                http=f"{host}:{http_port}" if http_port else "")
+    if http_port:
+        router_args = [*router_args, "--http-port", str(http_port)]
+
+    def metrics_flag(name: str, k: int) -> list[str]:
+        if not metrics_base_port:
+            return []
+        c.metrics[name] = f"{host}:{metrics_base_port + k}"
+        return ["--metrics-port", str(metrics_base_port + k)]
+
     try:
         for i in range(replicas):
             wport, sport = base_port + 2 * i + 1, base_port + 2 * i
             waddr, saddr = f"{host}:{wport}", f"{host}:{sport}"
             c.procs.append((f"worker-{i}", _spawn(f"worker-{i}", [
                 "worker", "--host", host, "--port", str(wport), "--log-level", log_level,
-                *worker_args], log_dir)))
+                *metrics_flag(f"worker-{i}", 2 + 2 * i), *worker_args], log_dir)))
             c.procs.append((f"scheduler-{i}", _spawn(f"scheduler-{i}", [
                 "scheduler", "--host", host, "--port", str(sport), "--worker", waddr,
-                "--log-level", log_level, *scheduler_args], log_dir)))
+                "--log-level", log_level, *metrics_flag(f"scheduler-{i}", 1 + 2 * i),
+                *scheduler_args], log_dir)))
             c.workers.append(waddr)
             c.schedulers.append(saddr)
         c.procs.insert(0, ("router", _spawn("router", [
             "router", "--host", host, "--port", str(router_port), "--schedulers", *c.schedulers,
-            "--log-level", log_level, *router_args], log_dir)))
+            "--log-level", log_level, *metrics_flag("router", 0), *router_args], log_dir)))
         # Every replica ready (not just the first), then the router.
         for addr in c.schedulers:
-            wait_ready(addr, "dspark.v1.Scheduler", timeout_s, c)
-        wait_ready(c.router, "dspark.v1.Router", timeout_s, c)
+            wait_ready(addr, "dspark.v1.Scheduler", timeout_s, c, tls=tls)
+        wait_ready(c.router, "dspark.v1.Router", timeout_s, c, tls=tls)
         for _ in range(50):  # the router has seen every replica
-            if _router_replicas(c.router) >= replicas:
+            if _router_replicas(c.router, tls, api_key) >= replicas:
                 break
             time.sleep(0.1)
         return c
@@ -126,10 +159,12 @@ def worker_flags(args) -> list[str]:
     """The `dspark worker` flags for the WorkerConfig options given to `serve`."""
     from dspark.shared.config import WorkerConfig
 
+    from dspark.shared.config import OPS_FIELDS
+
     flags: list[str] = []
     for f in WorkerConfig.__dataclass_fields__:
         v = getattr(args, f, None)
-        if v is None or f in ("host", "port"):
+        if v is None or f in ("host", "port") or f in OPS_FIELDS:
             continue
         flag = "--" + f.replace("_", "-")
         if isinstance(v, (list, tuple)):
@@ -145,6 +180,10 @@ def serve_all(args) -> int:
     """The body of `dspark serve`."""
     wargs = worker_flags(args)
     sargs: list[str] = []
+    drain = getattr(args, "drain_timeout", None)
+    if drain is not None:
+        wargs += ["--drain-timeout", str(drain)]
+        sargs += ["--drain-timeout", str(drain)]
     if args.max_num_seqs is not None:
         sargs += ["--max-num-seqs", str(args.max_num_seqs)]
     if args.max_num_batched_tokens is not None:
@@ -168,14 +207,21 @@ def serve_all(args) -> int:
                                 router_port=args.router_port, base_port=args.base_port,
                                 worker_args=wargs, scheduler_args=sargs,
                                 # the router tokenizes with the same model directory
-                                router_args=["--model", args.model] if args.model else [],
+                                router_args=(["--model", args.model] if args.model else [])
+                                + (["--drain-timeout", str(drain)] if drain is not None else []),
                                 log_dir=log_dir,
-                                log_level=args.log_level)
+                                log_level=args.log_level,
+                                http_port=getattr(args, "http_port", 0) or 0,
+                                metrics_base_port=getattr(args, "metrics_port", 0) or 0)
     except (RuntimeError, TimeoutError) as e:
         print(f"dspark serve: {e}", file=sys.stderr)
         return 1
     print("\nDSpark is serving.", flush=True)
     print(f"  router (public gRPC API): {cluster.router}")
+    if cluster.http:
+        print(f"  OpenAI-compatible HTTP API: http://{cluster.http}/v1")
+    for name, addr in cluster.metrics.items():
+        print(f"  metrics ({name}): http://{addr}/metrics")
     for s, w in zip(cluster.schedulers, cluster.workers):
         print(f"  scheduler: {s}   worker: {w}")
     print(f'\nTry:  dspark generate --prompt "What is speculative decoding?" --chat '

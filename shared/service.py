@@ -5,7 +5,9 @@ codes, plus graceful shutdown on SIGTERM / Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import signal
+import time
 from typing import Awaitable, Callable
 
 import grpc
@@ -83,14 +85,42 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class Service:
     """An aio gRPC server for one service: health (liveness on "", readiness on
-    the service's full name), reflection, error mapping, graceful stop."""
+    the service's full name), reflection, error mapping, graceful stop.
 
-    def __init__(self, service_name: str, host: str, port: int):
+    Optional: ``tls`` (a ``dspark.shared.security.ServerTLS``: TLS only, mutual
+    when it has a client CA), ``metrics`` (a ``dspark.shared.metrics``
+    set: gRPC calls are counted; served on ``metrics_port`` when > 0),
+    extra ``interceptors`` (run before the error mapping) and server
+    ``options`` (default GRPC_OPTIONS).
+    """
+
+    def __init__(self, service_name: str, host: str, port: int, *, tls=None, metrics=None,
+                 metrics_port: int = 0, interceptors=(), options=None):
         self.service_name = service_name  # e.g. "dspark.v1.Worker"
+        self.host = host
         self.address = f"{host}:{port}"
-        self.server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=GRPC_OPTIONS)
+        self.tls = tls
+        self.metrics = metrics
+        self.metrics_port = metrics_port
+        self._metrics_server = None
+        chain = list(interceptors)
+        if metrics is not None:
+            from dspark.shared.metrics import GrpcMetricsInterceptor
+
+            chain.insert(0, GrpcMetricsInterceptor(metrics))
+        self.server = grpc.aio.server(interceptors=[*chain, ErrorInterceptor()],
+                                      options=options or GRPC_OPTIONS)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._stopping = asyncio.Event()
@@ -103,18 +133,45 @@ class Service:
              reflection.SERVICE_NAME], self.server)
 
     async def start(self) -> None:
-        bound = self.server.add_insecure_port(self.address)
+        if self.tls is not None:
+            self.tls.ssl_context()  # bad PEM files: a clear error naming the field
+        try:
+            if self.tls is not None:
+                bound = self.server.add_secure_port(self.address, self.tls.grpc_credentials())
+            else:
+                bound = self.server.add_insecure_port(self.address)
+        except RuntimeError:
+            bound = 0
         if bound == 0:
             raise RuntimeError(f"cannot bind {self.address}")
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.set_ready(False)
-        log.info("listening", service=self.service_name, address=self.address)
+        if self.metrics is not None and self.metrics_port:
+            from dspark.shared.metrics import start_metrics_server
+
+            tls = self.tls
+            try:
+                self._metrics_server = start_metrics_server(
+                    self.metrics, self.host, self.metrics_port,
+                    certfile=tls.cert if tls else "", keyfile=tls.key if tls else "")
+            except OSError as e:
+                await self.server.stop(0)
+                raise RuntimeError(f"cannot bind metrics port {self.host}:{self.metrics_port}: "
+                                   f"{e.strerror}") from None
+        if not is_loopback(self.host) and self.tls is None:
+            log.warning("listening_without_tls", address=self.address,
+                        hint="set tls_cert/tls_key, or keep the host on loopback")
+        log.info("listening", service=self.service_name, address=self.address,
+                 tls="mutual" if self.tls and self.tls.client_ca else bool(self.tls),
+                 metrics_port=self.metrics_port or None)
 
     async def set_ready(self, ready: bool) -> None:
         status = (health_pb2.HealthCheckResponse.SERVING if ready
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set(self.service_name, status)
+        if self.metrics is not None:
+            self.metrics.ready.set(1 if ready else 0)
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -126,19 +183,29 @@ class Service:
 
     async def run_until_stopped(self, grace_s: float = 5.0,
                                 on_drain: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Serve until SIGTERM/SIGINT; then readiness goes NOT_SERVING, the
-        optional drain hook runs, and the server stops with a grace period."""
+        """Serve until SIGTERM/SIGINT; then drain: readiness goes NOT_SERVING,
+        the drain hook (stop admitting, wait for in-flight work) runs for at
+        most ``grace_s`` seconds (the service's --drain-timeout), and the
+        server stops, cancelling whatever is still running."""
         await self._stopping.wait()
         self.draining = True
-        log.info("stopping", service=self.service_name)
+        t0 = time.monotonic()
+        log.info("stopping", service=self.service_name, drain_timeout_s=grace_s)
+        if self.metrics is not None:
+            self.metrics.draining.set(1)
         await self.set_ready(False)
         if on_drain is not None:
             try:
                 await asyncio.wait_for(on_drain(), timeout=grace_s)
+                log.info("drained", service=self.service_name,
+                         seconds=round(time.monotonic() - t0, 3))
             except asyncio.TimeoutError:
-                log.warning("drain_timeout", service=self.service_name)
+                log.warning("drain_timeout", service=self.service_name, drain_timeout_s=grace_s)
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace_s)
+        # Drained (or out of time): RPCs still open get a short grace, then cancelled.
+        await self.server.stop(min(1.0, max(0.0, grace_s - (time.monotonic() - t0))) or None)
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
         log.info("stopped", service=self.service_name)
 
 

@@ -15,7 +15,8 @@ from dspark.router.validation import GenerateInput, validate_request
 from dspark.shared import errors, pb
 from dspark.shared.config import RouterConfig
 from dspark.shared.logging import REQUEST_ID_KEY, get_logger
-from dspark.shared.service import GRPC_OPTIONS, Service
+from dspark.shared.security import aio_channel, upstream_tls
+from dspark.shared.service import GRPC_OPTIONS
 from dspark.shared.types import FinishReason
 from dspark.v1 import (
     common_pb2,
@@ -55,11 +56,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.config = config
         self.tok = tokenizer
         self.replicas = ReplicaSet(config.schedulers)
-        self._channels = {a: grpc.aio.insecure_channel(a, options=GRPC_OPTIONS)
+        tls = upstream_tls(config)
+        self._channels = {a: aio_channel(a, tls, options=GRPC_OPTIONS)
                           for a in config.schedulers}
         self._stubs = {a: scheduler_pb2_grpc.SchedulerStub(c) for a, c in self._channels.items()}
         self._loads: dict[str, scheduler_pb2.GetLoadResponse] = {}
         self._running: dict[str, str] = {}  # request id -> replica address
+        self.draining = False  # after SIGTERM: no new requests
 
     # --- replica state ------------------------------------------------------
 
@@ -117,6 +120,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         structlog.contextvars.bind_contextvars(request_id=rid)
         if rid in self._running:
             raise errors.InvalidArgument("request_id", f"{rid!r} is already running")
+        if self.draining:
+            raise errors.Unavailable("router is draining (shutting down); retry on another router")
         if not self.ready:
             raise errors.Unavailable("no scheduler replica is ready")
         v = validate_request(input_from_pb(request), self.tok, self.config,
@@ -201,29 +206,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             usage=common_pb2.Usage(prompt_tokens=v.num_prompt_tokens, completion_tokens=n_out))
 
 
-async def _poll_forever(servicer: RouterServicer, svc: Service, period_s: float = 0.5) -> None:
-    while True:
-        try:
-            await servicer.poll_once()
-        except Exception:  # noqa: BLE001 - keep polling
-            log.exception("poll_failed")
-        await svc.set_ready(servicer.ready and not svc.draining)
-        await asyncio.sleep(period_s)
-
-
 async def serve(config: RouterConfig) -> None:
-    svc = Service(SERVICE_NAME, config.host, config.port)
-    svc.install_signal_handlers()
-    tokenizer = Tokenizer.from_dir(config.model_dir)
-    servicer = RouterServicer(config, tokenizer)
-    svc.add(router_pb2_grpc.add_RouterServicer_to_server, servicer,
-            [router_pb2.DESCRIPTOR.services_by_name["Router"].full_name])
-    await svc.start()
-    poller = asyncio.create_task(_poll_forever(servicer, svc))
+    """Run the router (gRPC API, and the HTTP API and metrics when configured)."""
+    from dspark.router.app import serve as serve_app
 
-    async def drain():
-        while servicer._running:
-            await asyncio.sleep(0.05)
-
-    await svc.run_until_stopped(on_drain=drain)
-    poller.cancel()
+    await serve_app(config)

@@ -21,6 +21,7 @@ from dspark.scheduler.core.scheduler import Scheduler
 from dspark.shared import errors, pb
 from dspark.shared.config import SchedulerConfig
 from dspark.shared.logging import get_logger
+from dspark.shared.security import aio_channel, upstream_tls
 from dspark.shared.service import GRPC_OPTIONS
 from dspark.shared.types import RequestOutput, SamplingParams, WorkerInfo
 from dspark.v1 import worker_pb2, worker_pb2_grpc
@@ -39,7 +40,7 @@ class _Failure:
 class Engine:
     def __init__(self, config: SchedulerConfig):
         self.config = config
-        self.channel = grpc.aio.insecure_channel(config.worker, options=GRPC_OPTIONS)
+        self.channel = aio_channel(config.worker, upstream_tls(config), options=GRPC_OPTIONS)
         self.worker = worker_pb2_grpc.WorkerStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.core: Scheduler | None = None
@@ -50,6 +51,11 @@ class Engine:
         self._task: asyncio.Task | None = None
         self.accepting = False
         self.steps = 0
+        # Metrics hooks, set by the scheduler process (dspark.scheduler.ops):
+        # on_step(duration_s, plan, outputs) after each step, and the
+        # SchedulerMetrics set (record_spec_step per request per verify step).
+        self.on_step = None
+        self.metrics = None
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -158,6 +164,7 @@ class Engine:
             self._wakeup.clear()
             await self._wakeup.wait()
             return
+        t0 = time.monotonic()
         try:
             resp = await self.worker.Step(pb.step_to_pb(plan), timeout=self.config.step_timeout_s)
         except grpc.aio.AioRpcError as e:
@@ -165,6 +172,8 @@ class Engine:
             return
         outs = self.core.update_from_output(plan, pb.step_output_from_pb(resp))
         self.steps += 1
+        if self.on_step is not None:
+            self.on_step(time.monotonic() - t0, plan, outs)
         for o in outs:
             if o.finished:
                 self._to_release.append(o.request_id)

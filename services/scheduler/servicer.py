@@ -1,12 +1,15 @@
 """Thin gRPC layer of the scheduler: protobuf <-> domain, nothing else."""
 from __future__ import annotations
 
+import asyncio
+
 import structlog
 
 from dspark.scheduler.engine import Engine
 from dspark.shared import pb
 from dspark.shared.config import SchedulerConfig
 from dspark.shared.logging import get_logger
+from dspark.shared.security import server_tls
 from dspark.shared.service import Service, request_id_from
 from dspark.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -67,10 +70,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
 
 async def serve(config: SchedulerConfig) -> None:
-    svc = Service(SERVICE_NAME, config.host, config.port)
+    from dspark.scheduler import ops
+    from dspark.shared.metrics import SchedulerMetrics
+
+    metrics = SchedulerMetrics()
+    svc = Service(SERVICE_NAME, config.host, config.port, tls=server_tls(config),
+                  metrics=metrics, metrics_port=config.metrics_port)
     svc.install_signal_handlers()
     engine = Engine(config)
-    svc.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(engine),
+    svc.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
+            ops.InstrumentedSchedulerServicer(engine, metrics),
             [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name])
     await svc.start()
     try:
@@ -79,7 +88,12 @@ async def serve(config: SchedulerConfig) -> None:
         log.error("startup_failed", error=str(e))
         await svc.server.stop(0)
         raise
+    sampler = asyncio.create_task(ops.sample_load(engine, metrics))
+    watcher = asyncio.create_task(ops.watch_worker(engine, svc))
     await svc.set_ready(True)
     log.info("ready", address=svc.address, worker=config.worker)
-    await svc.run_until_stopped(on_drain=engine.drain)
+    await svc.run_until_stopped(grace_s=config.drain_timeout + 1.0,
+                                on_drain=lambda: ops.drain(engine, config.drain_timeout))
+    sampler.cancel()
+    watcher.cancel()
     await engine.close()

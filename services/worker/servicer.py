@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dspark.shared import errors, pb
 from dspark.shared.config import WorkerConfig
 from dspark.shared.logging import get_logger
+from dspark.shared.security import server_tls
 from dspark.shared.service import Service
 from dspark.v1 import worker_pb2, worker_pb2_grpc
 
@@ -57,11 +58,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 async def serve(config: WorkerConfig) -> None:
     """Start the worker: bind first (liveness answers during loading), load the
     model, warm up, then turn readiness on."""
+    from dspark.shared.metrics import WorkerMetrics
+    from dspark.worker.ops import InstrumentedWorkerServicer
     from dspark.worker.runner import ModelRunner
 
-    svc = Service(SERVICE_NAME, config.host, config.port)
+    metrics = WorkerMetrics()
+    svc = Service(SERVICE_NAME, config.host, config.port, tls=server_tls(config),
+                  metrics=metrics, metrics_port=config.metrics_port)
     svc.install_signal_handlers()
-    servicer = WorkerServicer()
+    servicer = InstrumentedWorkerServicer(metrics)
     svc.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer,
             [worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name])
     await svc.start()
@@ -81,5 +86,6 @@ async def serve(config: WorkerConfig) -> None:
     log.info("ready", model=info.model_name, dtype=info.dtype, device=info.device,
              kv_blocks=info.num_kv_blocks, block_size=info.block_size,
              max_model_len=info.max_model_len)
+    metrics.kv_blocks_total.set(info.num_kv_blocks)
     await svc.set_ready(True)
-    await svc.run_until_stopped()
+    await svc.run_until_stopped(grace_s=config.drain_timeout, on_drain=servicer.drain)

@@ -3,6 +3,7 @@ loopback, serving the real default model in fp32 (so that batched and
 one-at-a-time greedy outputs must agree exactly)."""
 from __future__ import annotations
 
+import random
 import socket
 import time
 from pathlib import Path
@@ -19,8 +20,10 @@ MAX_MODEL_LEN = 1024
 
 
 def _free_port_block(n: int) -> int:
-    """A base port with n consecutive free ports."""
-    for base in range(41000, 60000, 97):
+    """A base port with n consecutive free ports (the scan starts at a random
+    point, so that test runs started together rarely pick the same block)."""
+    start = 41000 + 97 * random.randrange(0, 150)
+    for base in [*range(start, 60000, 97), *range(41000, start, 97)]:
         ok = True
         for p in range(base, base + n):
             with socket.socket() as s:
@@ -37,9 +40,11 @@ def _free_port_block(n: int) -> int:
 @pytest.fixture(scope="session")
 def cluster(default_model_dir, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("e2e-logs")
-    base = _free_port_block(5)
+    base = _free_port_block(11)
+    # router gRPC, 2 x (scheduler, worker), router HTTP, 5 metrics ports
     c = start_cluster(
-        replicas=2, router_port=base, base_port=base + 1,
+        replicas=2, router_port=base, base_port=base + 1, http_port=base + 5,
+        metrics_base_port=base + 6,
         worker_args=["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
                      "--num-kv-blocks", "512", "--num-threads", "1"],
         scheduler_args=["--max-num-seqs", "16", "--max-num-batched-tokens", "256"],

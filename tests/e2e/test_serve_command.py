@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import httpx2 as httpx
 import psutil
 import pytest
 
@@ -18,11 +19,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def test_serve_prints_endpoints_serves_and_stops_cleanly(default_model_dir, tmp_path):
-    base = _free_port_block(3)
+    base = _free_port_block(7)
     p = subprocess.Popen(
         [sys.executable, "-m", "dspark.shared.cli", "serve", "--router-port", str(base),
          "--base-port", str(base + 1), "--num-kv-blocks", "256", "--max-model-len", "512",
-         "--log-dir", str(tmp_path)],
+         "--http-port", str(base + 3), "--metrics-port", str(base + 4),
+         "--drain-timeout", "10", "--log-dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -36,11 +38,17 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly(default_model_dir, tmp_
         out = "".join(lines)
         assert f"router (public gRPC API): 127.0.0.1:{base}" in out
         assert f"scheduler: 127.0.0.1:{base + 1}" in out and f"worker: 127.0.0.1:{base + 2}" in out
+        assert f"OpenAI-compatible HTTP API: http://127.0.0.1:{base + 3}/v1" in out
+        assert f"metrics (worker-0): http://127.0.0.1:{base + 6}/metrics" in out
         children = psutil.Process(p.pid).children(recursive=True)
         assert len(children) == 3
         with Client(f"127.0.0.1:{base}", timeout=60) as c:
             assert "Paris" in c.generate(prompt="The capital of France is", max_tokens=6,
                                          temperature=0).text
+        models = httpx.get(f"http://127.0.0.1:{base + 3}/v1/models", timeout=10).json()
+        assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
+        assert "dspark_worker_steps_total" in httpx.get(
+            f"http://127.0.0.1:{base + 6}/metrics", timeout=10).text
         p.send_signal(signal.SIGINT)
         assert p.wait(60) == 0
         gone, alive = psutil.wait_procs(children, timeout=30)
