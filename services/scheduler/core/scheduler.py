@@ -105,6 +105,8 @@ class Scheduler:
         # Totals since start (metrics): drafts = verify steps with drafts.
         self.spec_totals = SpecSummary(num_speculative_tokens=self.num_spec,
                                        accepted_per_pos=[0] * self.num_spec)
+        # (drafts verified, drafts accepted, fallback) per request of the last update
+        self.last_spec_events: list[tuple[int, int, bool]] = []
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ requests
@@ -331,6 +333,7 @@ class Scheduler:
             raise ValueError(f"output step_id={output.step_id} does not match "
                              f"plan step_id={plan.step_id}")
         by_id = {o.request_id: o for o in output.outputs}
+        self.last_spec_events = []
         accepted = []
         for seq in plan.seqs:
             req = self._requests.get(seq.request_id)
@@ -370,6 +373,7 @@ class Scheduler:
         if req.pending_fallback:  # a one-token step of a request that could speculate
             req.spec.fallback_steps += 1
             self.spec_totals.fallback_steps += 1
+            self.last_spec_events.append((0, 0, True))
         reason = self._stop_reason(req, token_id)
         if reason != FinishReason.NONE:
             self._running.remove(req)
@@ -385,6 +389,7 @@ class Scheduler:
                                 stop_token_ids=sp.stop_token_ids, eos_token_ids=self._eos,
                                 ignore_eos=sp.ignore_eos)
         k = len(result.draft_tokens)
+        self.last_spec_events.append((k, acc.num_accepted, False))
         for st in (req.spec, self.spec_totals):
             st.verify_steps += 1
             st.num_draft_tokens += k
