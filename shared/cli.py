@@ -260,9 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--limit", type=int, default=0, help="at most this many new prompts")
     d.set_defaults(fn=cmd_gen_drafter_data)
 
+    from dspark.worker.training.cli import add_export_parser
     from dspark.worker.training.cli import add_parser as add_train_parser
 
     add_train_parser(sub)
+    add_export_parser(sub)
     from dspark.worker.training.evaluate import add_parser as add_eval_parser
 
     add_eval_parser(sub, _datasets_dir())
