@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default=DEFAULT_HOST)
     s.add_argument("--max-num-seqs", type=int, default=None)
     s.add_argument("--max-num-batched-tokens", type=int, default=None)
+    s.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="dispatch step N+1 before step N returns (speculation: position "
+                        "correction); output is identical to sync scheduling (default: on)")
     s.add_argument("--log-dir", default=None, help="write each service's log to a file here")
     s.add_argument("--log-level", default="INFO")
     s.set_defaults(fn=cmd_serve)

@@ -210,6 +210,10 @@ class SchedulerConfig(UpstreamTLSConfig, ServerOpsConfig):
     worker_retry_s: float = 30.0  # how long to wait for a lost worker before failing requests
     step_timeout_s: float = 120.0  # a step slower than this counts as a lost worker
     worker_start_timeout_s: float = 600.0  # wait this long for the worker at start-up
+    # Dispatch step N+1 before step N returns: speculating requests take their next
+    # anchor from the worker's own acceptance of step N (optimistic 1 + K positions
+    # reserved, corrected when N's result arrives). Output is identical to sync.
+    async_scheduling: bool = True
     host: str = DEFAULT_HOST
     port: int = DEFAULT_SCHEDULER_PORT
 

@@ -188,6 +188,8 @@ def serve_all(args) -> int:
         sargs += ["--max-num-seqs", str(args.max_num_seqs)]
     if args.max_num_batched_tokens is not None:
         sargs += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if getattr(args, "async_scheduling", None) is not None:
+        sargs += ["--async-scheduling" if args.async_scheduling else "--no-async-scheduling"]
     # Prepare the default model once here, not in each worker.
     if not getattr(args, "model", None):
         from dspark.worker.convert import prepare_default_model

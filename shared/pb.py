@@ -59,6 +59,7 @@ def step_to_pb(plan: StepPlan) -> worker_pb2.StepRequest:
                 sample=s.sample, temperature=s.temperature, top_p=s.top_p,
                 top_k=s.top_k, seed=s.seed, return_tap_rows=s.return_tap_rows,
                 lease_slot=s.lease_id + 1, num_speculative_tokens=s.num_speculative_tokens,
+                deferred_anchor=s.deferred_anchor,
             )
             for s in plan.seqs
         ],
@@ -75,6 +76,7 @@ def step_from_pb(m: worker_pb2.StepRequest) -> StepPlan:
                 sample=s.sample, temperature=s.temperature, top_p=s.top_p,
                 top_k=s.top_k, seed=s.seed, return_tap_rows=s.return_tap_rows,
                 lease_id=s.lease_slot - 1, num_speculative_tokens=s.num_speculative_tokens,
+                deferred_anchor=s.deferred_anchor,
             )
             for s in m.seqs
         ],
@@ -100,6 +102,7 @@ def step_output_to_pb(out: StepOutput) -> worker_pb2.StepResponse:
             num_tap_rows=o.num_tap_rows, draft_tokens=o.draft_tokens,
             target_tokens=o.target_tokens, q_draft=o.q_draft, p_draft=o.p_draft,
             residual_tokens=o.residual_tokens, confidences=o.confidences,
+            anchor_token=o.anchor_token, anchor_position=o.anchor_position,
         )
         if o.tap_rows is not None:
             m.tap_rows.CopyFrom(tensor_to_pb(np.asarray(o.tap_rows)))
@@ -119,6 +122,7 @@ def step_output_from_pb(m: worker_pb2.StepResponse) -> StepOutput:
                 draft_tokens=list(o.draft_tokens), target_tokens=list(o.target_tokens),
                 q_draft=list(o.q_draft), p_draft=list(o.p_draft),
                 residual_tokens=list(o.residual_tokens), confidences=list(o.confidences),
+                anchor_token=o.anchor_token, anchor_position=o.anchor_position,
             )
             for o in m.outputs
         ],

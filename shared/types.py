@@ -54,6 +54,9 @@ class SeqStep:
     # draft and verify this step after token_ids[0], the anchor (0 = plain).
     lease_id: int = -1
     num_speculative_tokens: int = 0
+    # Async scheduling: token_ids is empty and the anchor is the worker's own
+    # acceptance of this request's previous step (start_position = that step's).
+    deferred_anchor: bool = False
 
 
 @dataclass
@@ -82,6 +85,9 @@ class SeqOutput:
     p_draft: list[float] = field(default_factory=list)
     residual_tokens: list[int] = field(default_factory=list)
     confidences: list[float] = field(default_factory=list)
+    # the anchor a deferred step used (token, position), for reconciliation
+    anchor_token: int = -1
+    anchor_position: int = -1
 
 
 @dataclass

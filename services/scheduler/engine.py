@@ -9,6 +9,7 @@ change the core; the core tolerates results for requests that left meanwhile.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -48,6 +49,10 @@ class Engine:
         self._streams: dict[str, asyncio.Queue] = {}
         self._wakeup = asyncio.Event()
         self._to_release: list[str] = []
+        # async scheduling: steps dispatched and not applied yet, oldest first
+        self._inflight: collections.deque = collections.deque()
+        self._last_dispatched: int | None = None
+        self._release_gate: dict[str, int] = {}  # request -> step that must finish first
         self._task: asyncio.Task | None = None
         self.accepting = False
         self.steps = 0
@@ -131,7 +136,7 @@ class Engine:
         out = self.core.abort(request_id)
         if out is None:
             return False
-        self._to_release.append(request_id)
+        self._queue_release(request_id)
         q = self._streams.get(request_id)
         if q is not None:
             q.put_nowait(out)
@@ -157,19 +162,38 @@ class Engine:
                 self._fail_all(errors.Internal("scheduler engine error"))
 
     async def _iteration(self) -> None:
-        """One step: release, schedule, run on the worker, commit, fan out."""
+        """One step: release, schedule, run on the worker, commit, fan out.
+
+        Async scheduling: step N+1 is planned and dispatched before step N's result
+        is applied (the worker runs them in order: ``after_step_id``); the core
+        reserves the optimistic positions of requests whose speculative step is in
+        flight and corrects them when that result arrives."""
         await self._release_pending()
         plan = self.core.schedule()
-        if plan is None:
+        if plan is None and not self._inflight:
             self._wakeup.clear()
             await self._wakeup.wait()
             return
-        t0 = time.monotonic()
-        try:
-            resp = await self.worker.Step(pb.step_to_pb(plan), timeout=self.config.step_timeout_s)
-        except grpc.aio.AioRpcError as e:
-            await self._worker_failed(e)
-            return
+        if plan is not None:
+            req = pb.step_to_pb(plan)
+            if self._inflight:
+                req.after_step_id = self._inflight[-1][0].step_id + 1
+            task = asyncio.ensure_future(
+                self.worker.Step(req, timeout=self.config.step_timeout_s))
+            self._inflight.append((plan, task, time.monotonic()))
+            self._last_dispatched = plan.step_id
+        keep = 1 if (self.config.async_scheduling and plan is not None) else 0
+        while len(self._inflight) > keep:
+            done_plan, task, t0 = self._inflight.popleft()
+            try:
+                resp = await task
+            except grpc.aio.AioRpcError as e:
+                await self._cancel_inflight()
+                await self._worker_failed(e)
+                return
+            self._apply(done_plan, resp, t0)
+
+    def _apply(self, plan, resp, t0: float) -> None:
         outs = self.core.update_from_output(plan, pb.step_output_from_pb(resp))
         self.steps += 1
         if self.metrics is not None:
@@ -180,10 +204,26 @@ class Engine:
         self._maybe_log_progress()
         for o in outs:
             if o.finished:
-                self._to_release.append(o.request_id)
+                self._queue_release(o.request_id)
             q = self._streams.get(o.request_id)
             if q is not None:
                 q.put_nowait(o)
+
+    def _queue_release(self, request_id: str) -> None:
+        """Release on the worker once every step dispatched so far has run (a step
+        in flight may still name the request)."""
+        self._to_release.append(request_id)
+        if self._inflight:
+            self._release_gate[request_id] = self._inflight[-1][0].step_id
+
+    async def _cancel_inflight(self) -> None:
+        while self._inflight:
+            _, task, _ = self._inflight.popleft()
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, grpc.aio.AioRpcError):
+                pass
 
     def _maybe_log_progress(self, every_s: float = 10.0) -> None:
         """A periodic progress line: steps, queue, and the mean accepted length."""
@@ -214,7 +254,13 @@ class Engine:
     async def _release_pending(self) -> None:
         if not self._to_release:
             return
-        ids, self._to_release = self._to_release, []
+        running = {p.step_id for p, _, _ in self._inflight}
+        ids = [r for r in self._to_release if self._release_gate.get(r) not in running]
+        if not ids:
+            return
+        self._to_release = [r for r in self._to_release if r not in ids]
+        for r in ids:
+            self._release_gate.pop(r, None)
         try:
             await self.worker.Release(worker_pb2.ReleaseRequest(request_ids=ids), timeout=10.0)
         except grpc.aio.AioRpcError as e:
@@ -242,6 +288,9 @@ class Engine:
         log.info("worker_recovered", re_prefill=self.core.load().get("num_waiting"))
 
     def _fail_all(self, exc: errors.DSparkError) -> None:
+        for _, task, _ in self._inflight:
+            task.cancel()
+        self._inflight.clear()
         for rid in list(self._streams):
             self.core.abort(rid)
             self._streams[rid].put_nowait(_Failure(exc))

@@ -25,6 +25,9 @@ from .sampler import RowParams, sample
 from .spec import LeasePool
 from .verify import VerifyInput, verify
 
+from dspark.shared import rng
+from dspark.shared.acceptance import VerifyResult, accept
+
 TAP_TAIL = 128  # positions of tap rows kept per request (the drafter's window)
 
 
@@ -147,6 +150,10 @@ class ModelRunner:
         self.kv = PagedKVCache(a.num_layers, num_blocks, self.block_size, a.num_kv_heads,
                                a.head_dim, self.dtype, self.device)
         self._taps: dict[str, _TapBuffer] = {}
+        # async scheduling: each speculating request's last result, to resolve a
+        # deferred anchor: ("token", token, position) or ("verify", VerifyResult,
+        # anchor position, greedy, seed)
+        self._last: dict[str, tuple] = {}
 
     def _load_drafter(self, directory: Path) -> None:
         from .model.drafter_ckpt import load_drafter
@@ -197,6 +204,7 @@ class ModelRunner:
     def release(self, request_ids) -> None:
         for rid in request_ids:
             self._taps.pop(rid, None)
+            self._last.pop(rid, None)
             if self.leases is not None:
                 self.leases.release(rid)
 
@@ -215,7 +223,8 @@ class ModelRunner:
         n, bs = len(s.token_ids), self.block_size
         where = f"request {s.request_id!r}"
         if n == 0:
-            raise ValueError(f"{where}: token_ids is empty")
+            raise ValueError(f"{where}: token_ids is empty"
+                             + (" (deferred anchor unresolved)" if s.deferred_anchor else ""))
         if s.start_position < 0:
             raise ValueError(f"{where}: start_position={s.start_position} must be >= 0")
         end = s.start_position + n
@@ -260,6 +269,8 @@ class ModelRunner:
         seqs = plan.seqs
         if not seqs:
             return StepOutput(plan.step_id, [])
+        plan_deferred = {s.request_id: s.deferred_anchor for s in seqs}
+        seqs = [self._resolve_anchor(s) if s.deferred_anchor else s for s in seqs]
         ids = set()
         for s in seqs:
             self._validate(s)
@@ -311,6 +322,9 @@ class ModelRunner:
             self._results(seqs, rows_in, logits, drafts, spec, outputs)
         row = 0
         for s, toks, out in zip(seqs, rows_in, outputs):
+            if plan_deferred.get(s.request_id):
+                out.anchor_token, out.anchor_position = s.token_ids[0], s.start_position
+            self._remember(s, out)
             n = len(toks)
             if taps is not None:
                 rows_s = taps[row:row + n]
@@ -321,6 +335,41 @@ class ModelRunner:
                     out.tap_rows = rows_s.float().cpu().numpy()
             row += n
         return StepOutput(plan.step_id, outputs, forward_ms=(time.perf_counter() - t0) * 1e3)
+
+    def _resolve_anchor(self, s: SeqStep) -> SeqStep:
+        """Async scheduling: the anchor of a deferred step is this worker's own
+        acceptance of the request's previous step (the same shared function, on the
+        same float32 values and counter-based uniforms the scheduler will use)."""
+        from dataclasses import replace
+
+        last = self._last.get(s.request_id)
+        if last is None:
+            raise ValueError(f"request {s.request_id!r}: deferred anchor but no previous "
+                             "step of it ran on this worker")
+        if last[0] == "token":
+            _, tok, pos = last
+        else:
+            _, res, a, greedy, _seed = last
+            toks = accept(res, greedy=greedy).tokens
+            tok, pos = toks[-1], a + len(toks)
+        return replace(s, token_ids=[tok], start_position=pos, deferred_anchor=False)
+
+    def _remember(self, s: SeqStep, out: SeqOutput) -> None:
+        if s.lease_id < 0:
+            return
+        if s.num_speculative_tokens:
+            a = s.start_position
+            k = len(out.draft_tokens)
+            f32 = _as_float32  # the values the scheduler will see after the wire
+            res = VerifyResult(draft_tokens=out.draft_tokens, target_tokens=out.target_tokens,
+                               q_draft=f32(out.q_draft), p_draft=f32(out.p_draft),
+                               uniforms=[rng.uniform(s.seed, a + i + 1, rng.STREAM_ACCEPT)
+                                         for i in range(k)],
+                               residual_tokens=out.residual_tokens)
+            self._last[s.request_id] = ("verify", res, a, s.temperature == 0.0, s.seed)
+        elif s.sample:
+            self._last[s.request_id] = ("token", out.token_id,
+                                        s.start_position + len(s.token_ids))
 
     def _draft(self, seqs: list[SeqStep]):
         params = [RowParams(s.temperature, s.top_k, s.top_p, s.seed, s.start_position)
@@ -360,7 +409,7 @@ class ModelRunner:
             for j, (i, res) in enumerate(zip(spec, results)):
                 o = outputs[i]
                 o.draft_tokens, o.target_tokens = res.draft_tokens, res.target_tokens
-                o.q_draft, o.p_draft = res.q_draft, res.p_draft
+                o.q_draft, o.p_draft = _as_float32(res.q_draft), _as_float32(res.p_draft)
                 o.residual_tokens = res.residual_tokens
                 o.confidences = drafts.confidences[j, :len(res.draft_tokens)].float().tolist()
 
@@ -380,6 +429,12 @@ class ModelRunner:
                 tail_start += tail.shape[0] - TAP_TAIL
                 tail = tail[-TAP_TAIL:].clone()
         self._taps[s.request_id] = _TapBuffer(rows, tail, tail_start)
+
+def _as_float32(xs: list[float]) -> list[float]:
+    import numpy as np
+
+    return np.asarray(xs, dtype=np.float32).astype(np.float64).tolist()
+
 
 def validate_tap_layers(tap_layer_ids, num_layers: int) -> tuple[int, ...]:
     """Tap layer i = residual stream after decoder layer i; 0 <= i < num_layers - 1."""

@@ -23,6 +23,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.runner = runner  # None while the model loads: RPCs answer UNAVAILABLE
         # The one thread that runs every torch computation of this process.
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        # Async scheduling: a step may say "after step X"; steps done (or failed)
+        self._finished_steps: set[int] = set()
+        self._step_done = asyncio.Condition()
 
     def _require_runner(self):
         if self.runner is None:
@@ -39,7 +42,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         for s in plan.seqs:
             if s.start_position == 0:  # a request's first chunk reaches this worker
                 log.info("seq_started", request_id=s.request_id, step_id=plan.step_id)
-        out = await loop.run_in_executor(self.compute, self.runner.step, plan)
+        if request.after_step_id:  # run strictly after the step dispatched before it
+            before = request.after_step_id - 1
+            async with self._step_done:
+                await asyncio.wait_for(self._step_done.wait_for(
+                    lambda: before in self._finished_steps), timeout=60.0)
+        try:
+            out = await loop.run_in_executor(self.compute, self.runner.step, plan)
+        finally:
+            async with self._step_done:
+                self._finished_steps.add(plan.step_id)
+                if len(self._finished_steps) > 64:
+                    self._finished_steps = set(sorted(self._finished_steps)[-32:])
+                self._step_done.notify_all()
         log.debug("step", step_id=plan.step_id, seqs=len(plan.seqs),
                   tokens=sum(len(s.token_ids) for s in plan.seqs),
                   forward_ms=round(out.forward_ms, 2),

@@ -43,6 +43,10 @@ class Request:
     lease_id: int = -1
     pending_spec_k: int = 0
     pending_fallback: bool = False
+    # Async scheduling: a second speculative step planned while the one above is in
+    # flight; its anchor is the worker's own acceptance of that step (None = none).
+    deferred_step: int | None = None
+    deferred_k: int = 0
     spec_fallback: bool = False
     spec: SpecSummary = field(default_factory=SpecSummary)
 

@@ -176,6 +176,7 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.pending_sample_step = None
+        req.deferred_step = None
         del self._requests[req.request_id]
 
     def _free_blocks(self, req: Request) -> None:
@@ -212,6 +213,11 @@ class Scheduler:
             req = self._running[i]
             n = min(req.num_uncomputed_tokens, budget)
             if n <= 0:  # its sample is in flight
+                if self.config.async_scheduling and budget > 1:
+                    seq = self._defer(step_id, req, budget)
+                    if seq is not None:
+                        seqs.append(seq)
+                        budget -= 1 + seq.num_speculative_tokens
                 i += 1
                 continue
             n = self._grow_blocks(req, n)
@@ -222,6 +228,35 @@ class Scheduler:
             budget -= n + k
             i += 1
         return seqs, budget, self.num_preemptions > preemptions_before
+
+    def _defer(self, step_id: int, req: Request, budget: int) -> SeqStep | None:
+        """Async: plan the next speculative step of a request whose speculative step
+        is still in flight. Its anchor lands somewhere in [P+1, P+k+1] (P, k: the
+        in-flight step's anchor position and K), so KV is reserved for the optimistic
+        worst case P + k + 1 + K; ``_commit_spec`` gives back what acceptance did not
+        use. Returns None (no deferral) when it could finish in flight, could pass the
+        position ceiling, or blocks are short: it then waits, as in sync mode."""
+        if req.deferred_step is not None or req.pending_spec_k <= 0 or req.lease_id < 0:
+            return None
+        k_prev = req.pending_spec_k
+        p_prev = req.num_tokens - 1  # the in-flight step's anchor position
+        sp = req.sampling
+        if sp.max_tokens - req.num_output_tokens <= k_prev + 1:
+            return None  # may finish in flight: nothing to gain
+        k = min(self.num_spec, budget - 1)
+        last = p_prev + k_prev + 1 + k  # the furthest verify row the step may write
+        if last >= min(self.max_model_len, self._max_len) or k <= 0:
+            return None
+        need = _cdiv(last + 1, self.block_size) - len(req.block_ids)
+        if need > self.allocator.num_free:
+            return None
+        req.block_ids += self.allocator.allocate(max(need, 0))
+        req.deferred_step, req.deferred_k = step_id, k
+        return SeqStep(request_id=req.request_id, token_ids=[], start_position=p_prev,
+                       block_ids=list(req.block_ids), sample=True,
+                       temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
+                       seed=sp.seed, lease_id=req.lease_id, num_speculative_tokens=k,
+                       deferred_anchor=True)
 
     def _spec_tokens(self, req: Request, n: int, budget: int) -> int:
         """K for a decode step of ``req`` (its anchor is the one token to compute):
@@ -270,6 +305,7 @@ class Scheduler:
         self._free_blocks(req)
         req.num_computed_tokens = 0
         req.pending_sample_step = None  # a sample in flight is recomputed on re-prefill
+        req.deferred_step = None
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -340,6 +376,12 @@ class Scheduler:
             if not seq.sample or req is None or req.pending_sample_step != plan.step_id:
                 continue
             out = by_id.get(seq.request_id)
+            if seq.deferred_anchor:  # reconcile: the worker's anchor must be ours
+                want = (req.output_token_ids[-1], req.num_tokens - 1)
+                got = (getattr(out, "anchor_token", None), getattr(out, "anchor_position", None))
+                if got != want:
+                    raise ValueError(f"step {plan.step_id}: {seq.request_id!r} was verified "
+                                     f"from anchor {got}, the scheduler committed {want}")
             if seq.num_speculative_tokens:
                 accepted.append((req, self._verify_result(plan.step_id, seq, out)))
             elif out is None or not 0 <= out.token_id < self.info.vocab_size:
@@ -359,7 +401,9 @@ class Scheduler:
         if not ok:
             raise ValueError(f"step {step_id}: invalid verify output for {seq.request_id!r} "
                              f"with K={k} (got {out})")
-        a = seq.start_position
+        # a deferred step's anchor position is the one the worker resolved (checked
+        # against the committed sequence by the caller)
+        a = out.anchor_position if seq.deferred_anchor else seq.start_position
         return VerifyResult(draft_tokens=list(out.draft_tokens),
                             target_tokens=list(out.target_tokens), q_draft=list(out.q_draft),
                             p_draft=list(out.p_draft),
@@ -404,6 +448,17 @@ class Scheduler:
         if reason != FinishReason.NONE:
             self._running.remove(req)
             self._finish(req, reason)
+        elif req.deferred_step is not None:
+            # async: the step in flight verifies from this anchor; correct positions and
+            # free the blocks reserved past its real window
+            req.pending_sample_step, req.pending_spec_k = req.deferred_step, req.deferred_k
+            req.pending_fallback = False
+            req.deferred_step = None
+            req.num_computed_tokens = req.num_tokens  # the anchor is computed in flight
+            keep = _cdiv(req.num_tokens + req.pending_spec_k, self.block_size)
+            if len(req.block_ids) > keep:
+                self.allocator.free(req.block_ids[keep:])
+                req.block_ids = req.block_ids[:keep]
         return RequestOutput(req.request_id, list(kept), reason, self._summary(req, reason))
 
     def _summary(self, req: Request, reason: FinishReason) -> SpecSummary | None:
@@ -432,6 +487,7 @@ class Scheduler:
             self._free_blocks(req)
             req.num_computed_tokens = 0
             req.pending_sample_step = None
+            req.deferred_step = None
             req.status = RequestStatus.PREEMPTED
             self._waiting.appendleft(req)
         self._running.clear()

@@ -4,6 +4,7 @@ KV-block management as the served path, for offline jobs (drafter data
 generation, evaluation) that want the engine's best throughput."""
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 
 from dspark.scheduler.core import Scheduler
@@ -16,14 +17,15 @@ class OfflineEngine:
     finish reason) as requests finish, keeping up to max_num_seqs in flight."""
 
     def __init__(self, runner, max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
-                 info=None):
+                 info=None, async_scheduling: bool = False):
         self.runner = runner
         # info override: e.g. num_speculative_tokens=0 runs plain decoding on a
         # runner that has a drafter
         self.info = info or runner.info()
         self.config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens,
-                                      max_waiting=max_num_seqs)
+                                      max_waiting=max_num_seqs,
+                                      async_scheduling=async_scheduling)
         self.tokens_generated = 0
         self.core: Scheduler | None = None  # the last generate()'s (its spec_totals)
 
@@ -33,6 +35,7 @@ class OfflineEngine:
         pending = iter(items)
         outputs: dict[str, list[int]] = {}
         exhausted = False
+        inflight: deque = deque()  # (plan, output) run but not applied yet
         while True:
             # keep the waiting queue topped up so batches stay full
             while not exhausted and core.load()["num_waiting"] < self.config.max_num_seqs:
@@ -44,13 +47,19 @@ class OfflineEngine:
                 core.add_request(rid, prompt, params)
                 outputs[rid] = []
             plan = core.schedule()
-            if plan is None:
+            if plan is not None:
+                inflight.append((plan, self.runner.step(plan)))
+            elif not inflight:
                 if exhausted and not core.has_unfinished():
                     return
                 continue
-            for out in core.update_from_output(plan, self.runner.step(plan)):
-                outputs[out.request_id] += out.new_token_ids
-                self.tokens_generated += len(out.new_token_ids)
-                if out.finished:
-                    self.runner.release([out.request_id])
-                    yield out.request_id, outputs.pop(out.request_id), out.finish_reason.name
+            # async: step N+1 was planned (and run) before step N's result is applied
+            keep = 1 if (self.config.async_scheduling and plan is not None) else 0
+            while len(inflight) > keep:
+                done_plan, out_ = inflight.popleft()
+                for out in core.update_from_output(done_plan, out_):
+                    outputs[out.request_id] += out.new_token_ids
+                    self.tokens_generated += len(out.new_token_ids)
+                    if out.finished:
+                        self.runner.release([out.request_id])
+                        yield out.request_id, outputs.pop(out.request_id), out.finish_reason.name
