@@ -170,6 +170,7 @@ class ModelRunner:
                              f"drafter at {directory}, which reads layers {list(taps)}")
         self.tap_layers = validate_tap_layers(taps, a.num_layers)
         self.drafter = dr.bind_llama(self.model)
+        self.drafter.pack_for_inference()  # bf16 CPU: oneDNN-packed like the target
         h = hashlib.sha256((Path(directory) / "drafter_config.json").read_bytes())
         h.update(str((Path(directory) / "drafter.safetensors").stat().st_size).encode())
         self.drafter_id = f"{Path(directory).name}@{h.hexdigest()[:12]}"

@@ -324,3 +324,22 @@ def test_pruned_draft_vocabulary(target, tmp_path):
     assert torch.equal(back.draft(*args).tokens, out.tokens)
     with pytest.raises(ValueError, match="distinct"):
         dr.set_draft_vocab([1] * len(vocab))
+
+
+def test_packed_bf16_drafting_matches_plain_bf16(target):
+    """pack_for_inference (oneDNN-packed bf16 weights, serving only) drafts like the
+    plain bf16 module."""
+    from dspark.worker.model.llama import use_packed_linear
+
+    dr = make_drafter(target).to(torch.bfloat16)
+    dr.bind_target(target.embed.to(torch.bfloat16), target.lm_head.to(torch.bfloat16))
+    if not use_packed_linear(dr.fc):
+        pytest.skip("no oneDNN bf16 packed linear on this CPU")
+    args = batch(target)
+    ctx = args[0].to(torch.bfloat16)
+    plain = dr.draft(ctx, *args[1:])
+    h_plain = dr.backbone(ctx, *args[1:])
+    assert dr.pack_for_inference()
+    packed = dr.draft(ctx, *args[1:])
+    torch.testing.assert_close(dr.backbone(ctx, *args[1:]), h_plain, atol=3e-2, rtol=3e-2)
+    assert (packed.tokens == plain.tokens).float().mean() >= 0.9
