@@ -1,7 +1,9 @@
 """Speculative serving through router, scheduler and worker (real processes, fp32).
 
 The session cluster speculates with K = 7 when the shipped drafter is present
-(``speculative_config`` "auto"); a K = 0 deployment started here is the reference:
+(``speculative_config`` "auto") and schedules asynchronously (the default); a
+sync K = 7 and a K = 0 deployment started here complete the picture, K = 0 being
+the reference:
 greedy output must be identical token for token, one at a time and 8 at once.
 """
 from __future__ import annotations
@@ -125,27 +127,28 @@ def test_mixed_run_returns_every_lease_and_block(speculating):
 
 
 @pytest.fixture(scope="module")
-def async_cluster(default_model_dir, tmp_path_factory, speculating):
+def sync_cluster(default_model_dir, tmp_path_factory, speculating):
     base = _free_port_block(3)
     c = start_cluster(
         replicas=1, router_port=base, base_port=base + 1,
         worker_args=["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
                      "--num-kv-blocks", "256", "--num-threads", "1"],
-        scheduler_args=["--async-scheduling", "--max-num-seqs", "16"],
-        log_dir=Path(tmp_path_factory.mktemp("e2e-async")), timeout_s=300)
+        scheduler_args=["--no-async-scheduling", "--max-num-seqs", "16"],
+        log_dir=Path(tmp_path_factory.mktemp("e2e-sync")), timeout_s=300)
     yield c
     c.stop()
 
 
-def test_async_scheduling_k7_equals_k0(async_cluster, plain_cluster):
-    """Async mode (step N+1 dispatched before step N returns, positions corrected
-    when it does) gives the same greedy output, one at a time and 8 at once."""
+def test_sync_scheduling_k7_equals_k0(sync_cluster, plain_cluster):
+    """The session cluster schedules asynchronously (the default: step N+1 dispatched
+    before step N returns, positions corrected when it does); sync mode gives the
+    same greedy output too, one at a time and 8 at once."""
     prompts = eval_prompts(2)
     want = [_gen(plain_cluster.router, p).token_ids for p in prompts]
-    one = [_gen(async_cluster.router, p, return_spec_summary=True) for p in prompts]
+    one = [_gen(sync_cluster.router, p, return_spec_summary=True) for p in prompts]
     assert [o.token_ids for o in one] == want
     assert all(o.spec_summary["verify_steps"] > 0 for o in one)
     with ThreadPoolExecutor(8) as pool:
-        many = list(pool.map(lambda p: _gen(async_cluster.router, p).token_ids, prompts))
+        many = list(pool.map(lambda p: _gen(sync_cluster.router, p).token_ids, prompts))
     assert many == want
-    assert_all_blocks_free(async_cluster)
+    assert_all_blocks_free(sync_cluster)
