@@ -46,16 +46,42 @@ def load_eval_prompts(n: int) -> list[str]:
 
 def _one_stream(client, prompt: str, max_tokens: int) -> dict:
     t0 = time.perf_counter()
-    times, n = [], 0
+    times, n, spec = [], 0, None
     for ch in client.stream(messages=[{"role": "user", "content": prompt}],
-                            max_tokens=max_tokens, temperature=0, ignore_eos=True):
+                            max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                            return_spec_summary=True):
         if ch.token_ids:
             times.append(time.perf_counter())
             n += len(ch.token_ids)
+        if ch.spec_summary is not None:
+            spec = ch.spec_summary
     ttft = times[0] - t0
     decode_s = times[-1] - times[0]
+    # inter-token latency: decode time per token after the first (a speculative
+    # step delivers several tokens at once: this is the mean per token)
     return {"ttft_s": ttft, "tokens": n, "decode_s": decode_s, "wall_s": times[-1] - t0,
-            "itl_s": decode_s / max(1, n - 1)}
+            "itl_s": decode_s / max(1, n - 1), "spec": spec}
+
+
+def spec_stats(runs: list[dict]) -> dict:
+    """Mean accepted length and per-position acceptance pooled over requests."""
+    specs = [r["spec"] for r in runs if r.get("spec") and r["spec"]["verify_steps"]]
+    if not specs:
+        return {"mean_accepted_length": None, "per_position_acceptance": []}
+    steps = sum(s["verify_steps"] for s in specs)
+    committed = sum(s["mean_accepted_length"] * s["verify_steps"] for s in specs)
+    k = max(len(s["per_position_acceptance"]) for s in specs)
+    reached = [0.0] * k
+    passed = [0.0] * k
+    for s in specs:  # per-position counts back from the conditional rates
+        n = s["verify_steps"]
+        for i, a in enumerate(s["per_position_acceptance"]):
+            reached[i] += n
+            n = n * a
+            passed[i] += n
+    return {"mean_accepted_length": committed / steps,
+            "per_position_acceptance": [p / r if r else 0.0 for p, r in zip(passed, reached)],
+            "verify_steps": steps}
 
 
 def run_concurrent(client, prompts: list[str], conc: int, max_tokens: int) -> dict:
@@ -66,7 +92,8 @@ def run_concurrent(client, prompts: list[str], conc: int, max_tokens: int) -> di
     wall = time.perf_counter() - t0
     return {"tokens_per_s": sum(r["tokens"] for r in res) / wall,
             "ttft_ms": 1000 * statistics.median(r["ttft_s"] for r in res),
-            "itl_ms": 1000 * statistics.median(r["itl_s"] for r in res)}
+            "itl_ms": 1000 * statistics.median(r["itl_s"] for r in res),
+            **{f"spec_{k}": v for k, v in spec_stats(res).items()}}
 
 
 def rss_peak_mib(pid: int) -> float:
@@ -76,48 +103,81 @@ def rss_peak_mib(pid: int) -> float:
     return float("nan")
 
 
+def _spec_flag(k: int) -> list[str]:
+    return ["--speculative-config", json.dumps({"method": "dspark", "num_speculative_tokens": k})]
+
+
 def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
-    """Start the services, measure them, stop them. Batch 1 is measured paired
-    with transformers: prompt by prompt, one run of each, so that both see the
-    same machine (these shared machines drift by 20-30% over minutes)."""
+    """Start a K=0 and a K=7 deployment side by side, measure them, stop them.
+
+    Batch 1 is measured paired, prompt by prompt: K=0, K=7 and transformers one
+    after the other (never at once), so all three see the same machine (these
+    shared machines drift by 20-30% over minutes). Concurrency 8 and 32 then run
+    K=0 and K=7 back to back.
+    """
     from dspark.shared.client import Client
     from dspark.shared.launcher import start_cluster
 
-    c = start_cluster(worker_args=["--dtype", args.dtype], log_dir=log_dir,
-                      router_port=args.port, base_port=args.port + 1, timeout_s=600)
+    variants = [("k0", 0)] + ([("k7", args.k)] if args.k else [])
+    clusters, clients = {}, {}
     try:
-        worker_pid = dict(c.procs)["worker-0"].pid
-        with Client(c.router, timeout=900) as client:
-            _one_stream(client, prompts[0], 8)  # warm-up
-            hf.decode_rate(prompts[0], 8)
-            b1, hf_rates = [], []
-            for p in prompts[: args.batch1_prompts]:
-                b1.append(_one_stream(client, p, args.max_tokens))
-                hf_rates.append(hf.decode_rate(p, args.max_tokens))
-            res = {
-                "batch1_tokens_per_s": sum(r["tokens"] - 1 for r in b1) / sum(r["decode_s"] for r in b1),
-                "ttft_ms": 1000 * statistics.median(r["ttft_s"] for r in b1),
-                "itl_ms": 1000 * statistics.median(r["itl_s"] for r in b1),
-                "hf_batch1_tokens_per_s": len(hf_rates) / sum(1 / r for r in hf_rates),
-            }
-            print(f"  batch 1: {res['batch1_tokens_per_s']:.1f} tok/s "
-                  f"(transformers {res['hf_batch1_tokens_per_s']:.1f})", file=sys.stderr)
-            for conc in (8, 32):
-                r = run_concurrent(client, prompts, conc, args.max_tokens)
-                res[f"conc{conc}_tokens_per_s"] = r["tokens_per_s"]
-                res[f"conc{conc}_ttft_ms"] = r["ttft_ms"]
-                res[f"conc{conc}_itl_ms"] = r["itl_ms"]
-                print(f"  concurrency {conc}: {r['tokens_per_s']:.1f} tok/s", file=sys.stderr)
-            res["worker_peak_rss_mib"] = rss_peak_mib(worker_pid)
-            if args.memory_check:
-                long_prompt = " ".join(load_eval_prompts(40))[:9000]
-                r = run_concurrent(client, [long_prompt], 32, 16)
-                res["memory_check"] = {"requests": 32, "prompt_chars": len(long_prompt),
-                                       "tokens_per_s": r["tokens_per_s"],
-                                       "worker_peak_rss_mib": rss_peak_mib(worker_pid)}
+        for i, (name, k) in enumerate(variants):
+            port = args.port + 20 * i
+            wargs = ["--dtype", args.dtype] + _spec_flag(k)
+            if k and args.drafter:
+                wargs += ["--drafter", args.drafter]
+            clusters[name] = start_cluster(worker_args=wargs, log_dir=log_dir / name,
+                                           router_port=port, base_port=port + 1,
+                                           timeout_s=600)
+            clients[name] = Client(clusters[name].router, timeout=900)
+        res: dict = {name: {} for name, _ in variants}
+        for name, _ in variants:
+            _one_stream(clients[name], prompts[0], 8)  # warm-up
+        hf.decode_rate(prompts[0], 8)
+        b1: dict = {name: [] for name, _ in variants}
+        hf_rates = []
+        for p in prompts[: args.batch1_prompts]:
+            for name, _ in variants:
+                b1[name].append(_one_stream(clients[name], p, args.max_tokens))
+            hf_rates.append(hf.decode_rate(p, args.max_tokens))
+        res["hf_batch1_tokens_per_s"] = len(hf_rates) / sum(1 / r for r in hf_rates)
+        for name, _ in variants:
+            runs = b1[name]
+            res[name].update({
+                "batch1_tokens_per_s": sum(r["tokens"] - 1 for r in runs) /
+                sum(r["decode_s"] for r in runs),
+                "ttft_ms": 1000 * statistics.median(r["ttft_s"] for r in runs),
+                "itl_ms": 1000 * statistics.median(r["itl_s"] for r in runs),
+                **spec_stats(runs)})
+            print(f"  {name} batch 1: {res[name]['batch1_tokens_per_s']:.1f} tok/s, "
+                  f"tau {res[name]['mean_accepted_length']}", file=sys.stderr)
+        for conc in (8, 32):
+            for name, _ in variants:
+                r = run_concurrent(clients[name], prompts, conc, args.max_tokens)
+                res[name][f"conc{conc}_tokens_per_s"] = r["tokens_per_s"]
+                res[name][f"conc{conc}_ttft_ms"] = r["ttft_ms"]
+                res[name][f"conc{conc}_itl_ms"] = r["itl_ms"]
+                if r.get("spec_mean_accepted_length") is not None:
+                    res[name][f"conc{conc}_mean_accepted_length"] = r["spec_mean_accepted_length"]
+                print(f"  {name} concurrency {conc}: {r['tokens_per_s']:.1f} tok/s",
+                      file=sys.stderr)
+        for name, _ in variants:
+            pid = dict(clusters[name].procs)["worker-0"].pid
+            res[name]["worker_peak_rss_mib"] = rss_peak_mib(pid)
+        if args.memory_check:
+            name = variants[-1][0]  # the speculative deployment when there is one
+            pid = dict(clusters[name].procs)["worker-0"].pid
+            long_prompt = " ".join(load_eval_prompts(40))[:9000]
+            r = run_concurrent(clients[name], [long_prompt], 32, 16)
+            res[name]["memory_check"] = {"requests": 32, "prompt_chars": len(long_prompt),
+                                         "tokens_per_s": r["tokens_per_s"],
+                                         "worker_peak_rss_mib": rss_peak_mib(pid)}
         return res
     finally:
-        c.stop()
+        for c in clients.values():
+            c.close()
+        for c in clusters.values():
+            c.stop()
 
 
 # --- transformers baseline ---------------------------------------------------
@@ -182,9 +242,11 @@ def plot(result: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("k0", "DSpark services, K=0"),):
-        r = result[key]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("k0", "K=0"), ("k7", "K=7 (DSpark)")):
+        r = result.get(key)
+        if not r:
+            continue
         xs = [1, 8, 32]
         ys = [r["batch1_tokens_per_s"], r["conc8_tokens_per_s"], r["conc32_tokens_per_s"]]
         ax.plot(xs, ys, marker="o", label=label)
@@ -195,6 +257,14 @@ def plot(result: dict, path: Path) -> bool:
     ax.set_ylabel("generated tokens / s")
     ax.set_title(f"Throughput vs concurrency ({result['dtype']})")
     ax.legend()
+    acc = (result.get("k7") or {}).get("per_position_acceptance") or []
+    if acc:
+        ax2.bar(range(1, len(acc) + 1), acc)
+        ax2.set_ylim(0, 1)
+        tau = result["k7"].get("mean_accepted_length")
+        ax2.set_title(f"Per-position acceptance, batch 1 (tau = {tau:.2f})")
+        ax2.set_xlabel("draft position k")
+        ax2.set_ylabel("P(k accepted | 1..k-1 accepted)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
@@ -223,30 +293,44 @@ def main(args) -> int:
     services = bench_services(prompts, args, log_dir, hf)
     hf_rate = services.pop("hf_batch1_tokens_per_s")
     bw = read_bandwidth_gbs()
-    frac = hf.weight_bytes * services["batch1_tokens_per_s"] / (bw * 1e9)
+    k0, k7 = services["k0"], services.get("k7")
+    frac = hf.weight_bytes * k0["batch1_tokens_per_s"] / (bw * 1e9)
     result = {
         "dtype": dtype, "max_tokens": args.max_tokens,
-        "k0": services,
+        "k0": k0,
         "transformers": {"batch1_tokens_per_s": hf_rate},
-        "speedup_vs_transformers_batch1": services["batch1_tokens_per_s"] / hf_rate,
+        "speedup_vs_transformers_batch1": k0["batch1_tokens_per_s"] / hf_rate,
         "bandwidth_fraction": frac,
         "read_bandwidth_gb_s": bw,
         "weight_bytes": hf.weight_bytes,
     }
-    k0 = services
     print(f"\n{'':34s}{'tokens/s':>10s}")
     print(f"{'transformers generate(), batch 1':34s}{hf_rate:10.1f}")
-    print(f"{'dspark K=0, batch 1':34s}{k0['batch1_tokens_per_s']:10.1f}"
-          f"   ({result['speedup_vs_transformers_batch1']:.2f}x transformers)")
-    print(f"{'dspark K=0, concurrency 8':34s}{k0['conc8_tokens_per_s']:10.1f}")
-    print(f"{'dspark K=0, concurrency 32':34s}{k0['conc32_tokens_per_s']:10.1f}")
-    print(f"TTFT {k0['ttft_ms']:.1f} ms, ITL {k0['itl_ms']:.1f} ms (batch 1, median)")
-    print(f"bandwidth: {frac:.1%} of {bw:.1f} GB/s measured read bandwidth "
+    for name, r in (("K=0", k0), ("K=7", k7)):
+        if r is None:
+            continue
+        print(f"{'dspark ' + name + ', batch 1':34s}{r['batch1_tokens_per_s']:10.1f}"
+              f"   ({r['batch1_tokens_per_s'] / hf_rate:.2f}x transformers)")
+        print(f"{'dspark ' + name + ', concurrency 8':34s}{r['conc8_tokens_per_s']:10.1f}")
+        print(f"{'dspark ' + name + ', concurrency 32':34s}{r['conc32_tokens_per_s']:10.1f}")
+        print(f"  TTFT {r['ttft_ms']:.1f} ms, ITL {r['itl_ms']:.1f} ms (batch 1, median)")
+    if k7 is not None:
+        result["k7"] = k7
+        result["k7_vs_k0"] = {f: k7[f] / k0[f] for f in
+                              ("batch1_tokens_per_s", "conc8_tokens_per_s", "conc32_tokens_per_s")}
+        r = result["k7_vs_k0"]
+        print(f"K=7 / K=0: batch 1 {r['batch1_tokens_per_s']:.2f}x, concurrency 8 "
+              f"{r['conc8_tokens_per_s']:.2f}x, concurrency 32 {r['conc32_tokens_per_s']:.2f}x")
+        print(f"K=7 mean accepted length {k7['mean_accepted_length']:.2f}, per position "
+              + " ".join(f"{a:.2f}" for a in k7["per_position_acceptance"]))
+    print(f"bandwidth (K=0): {frac:.1%} of {bw:.1f} GB/s measured read bandwidth "
           f"({hf.weight_bytes / 1e6:.0f} MB weights per token)")
-    print(f"worker peak RSS: {k0['worker_peak_rss_mib']:.0f} MiB")
-    if "memory_check" in k0:
-        print(f"32 concurrent ~2k-token requests: worker peak RSS "
-              f"{k0['memory_check']['worker_peak_rss_mib']:.0f} MiB")
+    for name, r in (("K=0", k0), ("K=7", k7)):
+        if r is not None:
+            print(f"worker peak RSS ({name}): {r['worker_peak_rss_mib']:.0f} MiB")
+            if "memory_check" in r:
+                print(f"32 concurrent ~2k-token requests ({name}): worker peak RSS "
+                      f"{r['memory_check']['worker_peak_rss_mib']:.0f} MiB")
     if args.json:
         p = Path(args.json)
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -260,9 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--limit", type=int, default=0, help="at most this many new prompts")
     d.set_defaults(fn=cmd_gen_drafter_data)
 
+    from dspark.worker.training.cli import add_export_parser
     from dspark.worker.training.cli import add_parser as add_train_parser
 
     add_train_parser(sub)
+    add_export_parser(sub)
+    from dspark.worker.training.evaluate import add_parser as add_eval_parser
+
+    add_eval_parser(sub, _datasets_dir())
 
     b = sub.add_parser("bench", help="benchmark against transformers generate()")
     b.add_argument("--json", default=None, help="write the results here")
@@ -272,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", default=None, help="PNG path (default: beside the JSON)")
     b.add_argument("--batch1-prompts", type=int, default=6, help="prompts timed at batch 1")
     b.add_argument("--port", type=int, default=50151, help="first port the bench may use")
+    b.add_argument("--k", type=int, default=7,
+                   help="speculative tokens of the second deployment (0 = K=0 only)")
+    b.add_argument("--drafter", default="", help="drafter checkpoint (default: the shipped one)")
     b.add_argument("--memory-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also run 32 concurrent ~2k-token requests and report peak RSS")
     b.set_defaults(fn=cmd_bench)

@@ -74,6 +74,10 @@ class Chunk:
     finish_reason: str | None  # "stop" | "length" | "abort" on the last chunk, else None
     usage: Usage | None
     request_id: str
+    # the last chunk, when return_spec_summary=True and the server speculates:
+    # verify_steps, num_draft_tokens, num_accepted_tokens, mean_accepted_length,
+    # per_position_acceptance, fallback_steps, num_speculative_tokens
+    spec_summary: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class Completion:
     finish_reason: str  # "stop" | "length" | "abort"
     usage: Usage
     request_id: str
+    spec_summary: dict | None = None  # see Chunk.spec_summary
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,8 @@ def build_request(prompt: str | None = None, messages: Sequence[Any] | None = No
                   top_p: float | None = None, top_k: int | None = None,
                   seed: int | None = None, stop: str | Iterable[str] | None = None,
                   stop_token_ids: Iterable[int] | None = None, ignore_eos: bool | None = None,
-                  model: str = "", request_id: str = "") -> router_pb2.GenerateRequest:
+                  model: str = "", request_id: str = "",
+                  return_spec_summary: bool = False) -> router_pb2.GenerateRequest:
     """The GenerateRequest for these arguments; None leaves a field to the server's default."""
     if (prompt is None) == (messages is None):
         raise ValueError("pass exactly one of prompt or messages")
@@ -137,7 +143,8 @@ def build_request(prompt: str | None = None, messages: Sequence[Any] | None = No
         sp.stop.extend([stop] if isinstance(stop, str) else list(stop))
     if stop_token_ids:
         sp.stop_token_ids.extend(int(t) for t in stop_token_ids)
-    req = router_pb2.GenerateRequest(request_id=request_id, model=model, sampling=sp)
+    req = router_pb2.GenerateRequest(request_id=request_id, model=model, sampling=sp,
+                                     return_spec_summary=bool(return_spec_summary))
     if prompt is not None:
         req.prompt = prompt
     else:
@@ -150,8 +157,17 @@ def _chunk(resp: router_pb2.GenerateResponse) -> Chunk:
     usage = None
     if resp.HasField("usage") or finish is not None:
         usage = Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens)
+    spec = None
+    if resp.HasField("spec_summary"):
+        m = resp.spec_summary
+        spec = {"verify_steps": m.verify_steps, "num_draft_tokens": m.num_draft_tokens,
+                "num_accepted_tokens": m.num_accepted_tokens,
+                "mean_accepted_length": m.mean_accepted_length,
+                "per_position_acceptance": list(m.per_position_acceptance),
+                "fallback_steps": m.fallback_steps,
+                "num_speculative_tokens": m.num_speculative_tokens}
     return Chunk(text=resp.text, token_ids=tuple(resp.token_ids), finish_reason=finish,
-                 usage=usage, request_id=resp.request_id)
+                 usage=usage, request_id=resp.request_id, spec_summary=spec)
 
 
 class _Aggregate:
@@ -173,7 +189,7 @@ class _Aggregate:
             raise Internal("the router's stream ended without a finish reason")
         return Completion(text="".join(self.text), token_ids=tuple(self.ids),
                           finish_reason=last.finish_reason, usage=last.usage or Usage(),
-                          request_id=last.request_id)
+                          request_id=last.request_id, spec_summary=last.spec_summary)
 
 
 def _pem(value: str | bytes | None) -> bytes | None:
@@ -312,12 +328,13 @@ class Client:
                stop: str | Iterable[str] | None = None, model: str = "",
                request_id: str = "", timeout: float | None = None, *,
                stop_token_ids: Iterable[int] | None = None,
-               ignore_eos: bool | None = None) -> Stream:
+               ignore_eos: bool | None = None, return_spec_summary: bool = False) -> Stream:
         """Start a Generate call; iterate the returned Stream for Chunks."""
         req = build_request(prompt, messages, max_tokens=max_tokens, temperature=temperature,
                             top_p=top_p, top_k=top_k, seed=seed, stop=stop,
                             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
-                            model=model, request_id=request_id)
+                            model=model, request_id=request_id,
+                            return_spec_summary=return_spec_summary)
         t = _timeout(timeout) if timeout is not None else self.timeout
         return Stream(self._stub.Generate(req, timeout=t, wait_for_ready=self._wait_for_ready,
                                           metadata=self._md))
@@ -328,12 +345,13 @@ class Client:
                  stop: str | Iterable[str] | None = None, model: str = "",
                  request_id: str = "", timeout: float | None = None, *,
                  stop_token_ids: Iterable[int] | None = None,
-                 ignore_eos: bool | None = None) -> Completion:
+                 ignore_eos: bool | None = None, return_spec_summary: bool = False
+                 ) -> Completion:
         """Generate and wait for the whole Completion."""
         agg = _Aggregate()
         with self.stream(prompt, messages, max_tokens, temperature, top_p, top_k, seed, stop,
                          model, request_id, timeout, stop_token_ids=stop_token_ids,
-                         ignore_eos=ignore_eos) as s:
+                         ignore_eos=ignore_eos, return_spec_summary=return_spec_summary) as s:
             for c in s:
                 agg.add(c)
         return agg.result()

@@ -121,12 +121,14 @@ class AsyncClient:
                stop: str | Iterable[str] | None = None, model: str = "",
                request_id: str = "", timeout: float | None = None, *,
                stop_token_ids: Iterable[int] | None = None,
-               ignore_eos: bool | None = None) -> AsyncStream:
+               ignore_eos: bool | None = None, return_spec_summary: bool = False
+               ) -> AsyncStream:
         """Start a Generate call (inside a running loop); ``async for`` the result."""
         req = build_request(prompt, messages, max_tokens=max_tokens, temperature=temperature,
                             top_p=top_p, top_k=top_k, seed=seed, stop=stop,
                             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
-                            model=model, request_id=request_id)
+                            model=model, request_id=request_id,
+                            return_spec_summary=return_spec_summary)
         t = _timeout(timeout) if timeout is not None else self.timeout
         return AsyncStream(self._stub.Generate(req, timeout=t,
                                                wait_for_ready=self._wait_for_ready,
@@ -138,12 +140,14 @@ class AsyncClient:
                        seed: int | None = None, stop: str | Iterable[str] | None = None,
                        model: str = "", request_id: str = "", timeout: float | None = None, *,
                        stop_token_ids: Iterable[int] | None = None,
-                       ignore_eos: bool | None = None) -> Completion:
+                       ignore_eos: bool | None = None, return_spec_summary: bool = False
+                       ) -> Completion:
         """Generate and wait for the whole Completion."""
         agg = _Aggregate()
         async with self.stream(prompt, messages, max_tokens, temperature, top_p, top_k, seed,
                                stop, model, request_id, timeout,
-                               stop_token_ids=stop_token_ids, ignore_eos=ignore_eos) as s:
+                               stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
+                               return_spec_summary=return_spec_summary) as s:
             async for c in s:
                 agg.add(c)
         return agg.result()

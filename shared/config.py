@@ -5,6 +5,7 @@ reads the environment at import time.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,41 @@ def cache_dir() -> Path:
 
 def default_model_dir() -> Path:
     return cache_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+MAX_SPECULATIVE_TOKENS = 7
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shipped_drafter_dir(model_name: str) -> Path:
+    """Where the project's own trained drafter for a model lives (in the repository)."""
+    return REPO_ROOT / "drafters" / model_name
+
+
+def parse_speculative_config(text: str) -> tuple[int, str]:
+    """``{"method": "dspark", "num_speculative_tokens": K[, "model": DIR]}`` ->
+    (K, drafter dir or ""). K in 0..7; anything else is a ValueError naming the field."""
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"speculative_config={text!r} is invalid: not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"speculative_config={text!r} is invalid: must be a JSON object")
+    unknown = sorted(set(d) - {"method", "num_speculative_tokens", "model"})
+    if unknown:
+        raise ValueError(f"speculative_config has unknown keys {unknown}: allowed are "
+                         "method, num_speculative_tokens, model")
+    if d.get("method", "dspark") != "dspark":
+        raise ValueError(f"speculative_config.method={d.get('method')!r} is invalid: "
+                         "must be \"dspark\"")
+    k = d.get("num_speculative_tokens")
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ValueError(f"speculative_config.num_speculative_tokens={k!r} is invalid: must "
+                         f"be an integer in 0..{MAX_SPECULATIVE_TOKENS}")
+    model = d.get("model", "")
+    if not isinstance(model, str):
+        raise ValueError(f"speculative_config.model={model!r} is invalid: must be a path")
+    return k, model
 
 
 def _check(cond: bool, name: str, value, limit: str) -> None:
@@ -115,8 +151,17 @@ class WorkerConfig(ServerOpsConfig):
     host: str = DEFAULT_HOST
     port: int = DEFAULT_WORKER_PORT
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # "auto": K = 7 with the shipped drafter when serving the default model and it
+    # is present, else no speculation; or JSON {"method": "dspark",
+    # "num_speculative_tokens": K} with K in 0..7 (0 = the drafter is not loaded).
+    speculative_config: str = "auto"
+    drafter: str = ""  # drafter checkpoint dir ("" = the shipped one for the model)
+    num_leases: int = 64  # drafter leases (requests speculating at once)
 
     def __post_init__(self) -> None:
+        if self.speculative_config != "auto":
+            parse_speculative_config(self.speculative_config)
+        _check(self.num_leases >= 1, "num_leases", self.num_leases, ">= 1")
         _check(self.dtype in ("auto", "bfloat16", "float32"), "dtype", self.dtype,
                "one of auto, bfloat16, float32")
         _check(self.device in ("cpu", "cuda", "npu"), "device", self.device,
@@ -134,6 +179,24 @@ class WorkerConfig(ServerOpsConfig):
     @property
     def model_dir(self) -> Path:
         return Path(self.model) if self.model else default_model_dir()
+
+    def speculation(self) -> tuple[int, Path | None]:
+        """(K, drafter dir): K = 0 and None when nothing of the drafter is loaded."""
+        if self.speculative_config == "auto":
+            d = Path(self.drafter) if self.drafter else shipped_drafter_dir(self.model_dir.name)
+            if (d / "drafter_config.json").is_file():
+                return MAX_SPECULATIVE_TOKENS, d
+            return 0, None
+        k, model = parse_speculative_config(self.speculative_config)
+        if k == 0:
+            return 0, None
+        d = model or self.drafter
+        d = Path(d) if d else shipped_drafter_dir(self.model_dir.name)
+        if not (d / "drafter_config.json").is_file():
+            raise ValueError(f"speculative_config asks for K={k} but no drafter checkpoint "
+                             f"is at {d} (give --drafter DIR or train one with "
+                             "`dspark train-drafter`)")
+        return k, d
 
 
 @dataclass

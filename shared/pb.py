@@ -58,6 +58,7 @@ def step_to_pb(plan: StepPlan) -> worker_pb2.StepRequest:
                 start_position=s.start_position, block_ids=s.block_ids,
                 sample=s.sample, temperature=s.temperature, top_p=s.top_p,
                 top_k=s.top_k, seed=s.seed, return_tap_rows=s.return_tap_rows,
+                lease_slot=s.lease_id + 1, num_speculative_tokens=s.num_speculative_tokens,
             )
             for s in plan.seqs
         ],
@@ -73,6 +74,7 @@ def step_from_pb(m: worker_pb2.StepRequest) -> StepPlan:
                 start_position=s.start_position, block_ids=list(s.block_ids),
                 sample=s.sample, temperature=s.temperature, top_p=s.top_p,
                 top_k=s.top_k, seed=s.seed, return_tap_rows=s.return_tap_rows,
+                lease_id=s.lease_slot - 1, num_speculative_tokens=s.num_speculative_tokens,
             )
             for s in m.seqs
         ],
@@ -95,7 +97,9 @@ def step_output_to_pb(out: StepOutput) -> worker_pb2.StepResponse:
     for o in out.outputs:
         m = worker_pb2.SeqOutput(
             request_id=o.request_id, token_id=o.token_id, logprob=o.logprob,
-            num_tap_rows=o.num_tap_rows,
+            num_tap_rows=o.num_tap_rows, draft_tokens=o.draft_tokens,
+            target_tokens=o.target_tokens, q_draft=o.q_draft, p_draft=o.p_draft,
+            residual_tokens=o.residual_tokens, confidences=o.confidences,
         )
         if o.tap_rows is not None:
             m.tap_rows.CopyFrom(tensor_to_pb(np.asarray(o.tap_rows)))
@@ -112,6 +116,9 @@ def step_output_from_pb(m: worker_pb2.StepResponse) -> StepOutput:
                 request_id=o.request_id, token_id=o.token_id, logprob=o.logprob,
                 num_tap_rows=o.num_tap_rows,
                 tap_rows=tensor_from_pb(o.tap_rows) if o.HasField("tap_rows") else None,
+                draft_tokens=list(o.draft_tokens), target_tokens=list(o.target_tokens),
+                q_draft=list(o.q_draft), p_draft=list(o.p_draft),
+                residual_tokens=list(o.residual_tokens), confidences=list(o.confidences),
             )
             for o in m.outputs
         ],
@@ -125,6 +132,8 @@ def info_to_pb(i: WorkerInfo) -> worker_pb2.InfoResponse:
         block_size=i.block_size, max_model_len=i.max_model_len,
         eos_token_ids=list(i.eos_token_ids), dtype=i.dtype, device=i.device,
         tap_layer_ids=list(i.tap_layer_ids),
+        num_speculative_tokens=i.num_speculative_tokens, num_leases=i.num_leases,
+        drafter_id=i.drafter_id,
     )
 
 
@@ -135,4 +144,15 @@ def info_from_pb(m: worker_pb2.InfoResponse) -> WorkerInfo:
         block_size=m.block_size, max_model_len=m.max_model_len,
         eos_token_ids=tuple(m.eos_token_ids), dtype=m.dtype, device=m.device,
         tap_layer_ids=tuple(m.tap_layer_ids),
+        num_speculative_tokens=m.num_speculative_tokens, num_leases=m.num_leases,
+        drafter_id=m.drafter_id,
     )
+
+
+def spec_summary_to_pb(s) -> common_pb2.SpecSummary:
+    return common_pb2.SpecSummary(
+        verify_steps=s.verify_steps, num_draft_tokens=s.num_draft_tokens,
+        num_accepted_tokens=s.num_accepted_tokens,
+        mean_accepted_length=s.mean_accepted_length,
+        per_position_acceptance=s.per_position_acceptance,
+        fallback_steps=s.fallback_steps, num_speculative_tokens=s.num_speculative_tokens)

@@ -50,6 +50,10 @@ class SeqStep:
     top_k: int = 0
     seed: int = 0
     return_tap_rows: bool = False
+    # Speculation: the request's drafter lease (-1 = none) and how many tokens to
+    # draft and verify this step after token_ids[0], the anchor (0 = plain).
+    lease_id: int = -1
+    num_speculative_tokens: int = 0
 
 
 @dataclass
@@ -70,6 +74,14 @@ class SeqOutput:
     num_tap_rows: int = 0
     # [num_tap_rows, num_tap_layers * hidden] as a numpy array, when asked for
     tap_rows: object | None = None
+    # Speculative verify results (num_speculative_tokens > 0), see shared/acceptance.py:
+    # K drafts, K+1 target tokens, K q/p values, K residual samples, K confidences.
+    draft_tokens: list[int] = field(default_factory=list)
+    target_tokens: list[int] = field(default_factory=list)
+    q_draft: list[float] = field(default_factory=list)
+    p_draft: list[float] = field(default_factory=list)
+    residual_tokens: list[int] = field(default_factory=list)
+    confidences: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -97,6 +109,36 @@ class WorkerInfo:
     dtype: str
     device: str
     tap_layer_ids: tuple[int, ...] = ()
+    num_speculative_tokens: int = 0  # K the worker drafts (0 = no drafter)
+    num_leases: int = 0  # drafter leases (rings) the worker holds
+    drafter_id: str = ""  # the loaded drafter checkpoint (name and content id)
+
+
+@dataclass
+class SpecSummary:
+    """Speculation statistics of one request (proto SpecSummary)."""
+
+    num_speculative_tokens: int = 0
+    verify_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    fallback_steps: int = 0
+    # accepted_per_pos[k]: verify steps whose drafts 1..k+1 were all accepted
+    accepted_per_pos: list[int] = field(default_factory=list)
+    committed_in_verify: int = 0  # tokens committed by verify steps (bonus included)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.committed_in_verify / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """P(position k accepted | positions < k accepted), k = 1..K."""
+        out, reached = [], self.verify_steps
+        for n in self.accepted_per_pos:
+            out.append(n / reached if reached else 0.0)
+            reached = n
+        return out
 
 
 @dataclass
@@ -106,6 +148,7 @@ class RequestOutput:
     request_id: str
     new_token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason = FinishReason.NONE
+    spec: SpecSummary | None = None  # set on the final output of a request
 
     @property
     def finished(self) -> bool:

@@ -172,14 +172,44 @@ class Engine:
             return
         outs = self.core.update_from_output(plan, pb.step_output_from_pb(resp))
         self.steps += 1
+        if self.metrics is not None:
+            for k, accepted, fallback in self.core.last_spec_events:
+                self.metrics.record_spec_step(k, accepted, fallback)
         if self.on_step is not None:
             self.on_step(time.monotonic() - t0, plan, outs)
+        self._maybe_log_progress()
         for o in outs:
             if o.finished:
                 self._to_release.append(o.request_id)
             q = self._streams.get(o.request_id)
             if q is not None:
                 q.put_nowait(o)
+
+    def _maybe_log_progress(self, every_s: float = 10.0) -> None:
+        """A periodic progress line: steps, queue, and the mean accepted length."""
+        now = time.monotonic()
+        last = getattr(self, "_last_progress", None)
+        if last is None:
+            self._last_progress = (now, self.steps, self.core.spec_totals.verify_steps,
+                                   self.core.spec_totals.committed_in_verify)
+            return
+        if now - last[0] < every_s:
+            return
+        st = self.core.spec_totals
+        d_steps, d_verify = self.steps - last[1], st.verify_steps - last[2]
+        d_commit = st.committed_in_verify - last[3]
+        load = self.core.load()
+        extra = {}
+        if self.core.num_spec:
+            extra = dict(mean_accepted_length=round(d_commit / d_verify, 3) if d_verify else None,
+                         mean_accepted_length_total=round(st.mean_accepted_length, 3),
+                         per_position_acceptance=[round(x, 3)
+                                                  for x in st.per_position_acceptance],
+                         fallback_steps=st.fallback_steps)
+        log.info("progress", steps_per_s=round(d_steps / (now - last[0]), 2),
+                 running=load["num_running"], waiting=load["num_waiting"],
+                 free_kv_blocks=load["free_kv_blocks"], **extra)
+        self._last_progress = (now, self.steps, st.verify_steps, st.committed_in_verify)
 
     async def _release_pending(self) -> None:
         if not self._to_release:

@@ -36,9 +36,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if first:
                 resp.num_prompt_tokens = len(prompt)
                 first = False
+            if out.finished and out.spec is not None and request.return_spec_summary:
+                resp.spec_summary.CopyFrom(pb.spec_summary_to_pb(out.spec))
             yield resp
             if out.finished:
-                log.info("request_finished", reason=out.finish_reason.name, output_tokens=n_out)
+                extra = {}
+                if out.spec is not None:  # the per-request speculation summary
+                    sp = out.spec
+                    extra = dict(spec_k=sp.num_speculative_tokens, verify_steps=sp.verify_steps,
+                                 drafted=sp.num_draft_tokens, accepted=sp.num_accepted_tokens,
+                                 mean_accepted_length=round(sp.mean_accepted_length, 3),
+                                 per_position_acceptance=[
+                                     round(x, 3) for x in sp.per_position_acceptance],
+                                 fallback_steps=sp.fallback_steps)
+                log.info("request_finished", reason=out.finish_reason.name, output_tokens=n_out,
+                         **extra)
 
     async def Abort(self, request, context):
         return scheduler_pb2.SchedulerAbortResponse(found=self.engine.abort(request.request_id))
@@ -53,6 +65,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             model_name=info.model_name if info else "",
             max_model_len=info.max_model_len if info else 0,
             accepting=d["accepting"], num_preemptions=d["num_preemptions"],
+            free_leases=d.get("free_leases", 0), total_leases=d.get("total_leases", 0),
         )
 
 

@@ -22,6 +22,8 @@ from dspark.shared.types import SeqOutput, SeqStep, StepOutput, StepPlan, Worker
 from .model.kv_cache import PagedKVCache, build_metadata
 from .model.llama import Llama, load_llama
 from .sampler import RowParams, sample
+from .spec import LeasePool
+from .verify import VerifyInput, verify
 
 TAP_TAIL = 128  # positions of tap rows kept per request (the drafter's window)
 
@@ -117,18 +119,53 @@ class ModelRunner:
         self.model: Llama = load_llama(self.model_dir, self.dtype, self.device,
                                        self.max_model_len)
         a = self.model.args
+        self.model_id = model_fingerprint(self.model_dir)
         self.tap_layers = validate_tap_layers(config.tap_layer_ids, a.num_layers)
+        # Speculation: the drafter and its lease rings come before the KV pool, whose
+        # budget they are taken from. With K = 0 nothing of the drafter is loaded.
+        self.num_spec, drafter_dir = config.speculation()
+        self.drafter = self.leases = None
+        self.drafter_id = ""
+        self.use_markov = True  # False = the DFlash ablation (evaluation only)
+        lease_bytes = 0
+        if self.num_spec:
+            self._load_drafter(drafter_dir)
+            lease_bytes = LeasePool.bytes_needed(self.drafter.config, config.num_leases,
+                                                 self.num_spec, self.dtype)
         self.block_size = config.block_size
         per_block = PagedKVCache.bytes_per_block(a.num_layers, self.block_size,
                                                  a.num_kv_heads, a.head_dim, self.dtype)
-        num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 // per_block)
+        num_blocks = config.num_kv_blocks or \
+            int((config.kv_cache_gib * 2**30 - lease_bytes) // per_block)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_gib={config.kv_cache_gib} is invalid: "
-                             f"too small for one KV block ({per_block} bytes)")
+                             f"too small for one KV block ({per_block} bytes) after "
+                             f"{lease_bytes} bytes of drafter leases")
+        if self.num_spec:
+            self.leases = LeasePool(self.drafter, config.num_leases, self.num_spec,
+                                    self.device)
         self.kv = PagedKVCache(a.num_layers, num_blocks, self.block_size, a.num_kv_heads,
                                a.head_dim, self.dtype, self.device)
-        self.model_id = model_fingerprint(self.model_dir)
         self._taps: dict[str, _TapBuffer] = {}
+
+    def _load_drafter(self, directory: Path) -> None:
+        from .model.drafter_ckpt import load_drafter
+
+        a = self.model.args
+        default_taps = WorkerConfig().tap_layer_ids
+        dr = load_drafter(directory, dict(
+            model_id=self.model_id, vocab_size=a.vocab_size, hidden_size=a.hidden_size,
+            num_layers=a.num_layers, dtype=self.dtype, device=str(self.device),
+            max_block_size=self.num_spec))
+        taps = dr.config.target_layer_ids
+        if self.tap_layers not in (taps, default_taps):
+            raise ValueError(f"tap_layer_ids={list(self.tap_layers)} conflicts with the "
+                             f"drafter at {directory}, which reads layers {list(taps)}")
+        self.tap_layers = validate_tap_layers(taps, a.num_layers)
+        self.drafter = dr.bind_llama(self.model)
+        h = hashlib.sha256((Path(directory) / "drafter_config.json").read_bytes())
+        h.update(str((Path(directory) / "drafter.safetensors").stat().st_size).encode())
+        self.drafter_id = f"{Path(directory).name}@{h.hexdigest()[:12]}"
 
     # ------------------------------------------------------------------ info
     def info(self) -> WorkerInfo:
@@ -145,7 +182,9 @@ class ModelRunner:
             num_kv_blocks=self.kv.num_blocks, block_size=self.block_size,
             max_model_len=self.max_model_len, eos_token_ids=tuple(int(x) for x in eos),
             dtype=str(self.dtype).removeprefix("torch."), device=self.device.type,
-            tap_layer_ids=self.tap_layers)
+            tap_layer_ids=self.tap_layers, num_speculative_tokens=self.num_spec,
+            num_leases=self.leases.num_leases if self.leases else 0,
+            drafter_id=self.drafter_id)
 
     def warmup(self) -> None:
         """One small prefill + decode forward on scratch block 0, then forget it."""
@@ -158,6 +197,8 @@ class ModelRunner:
     def release(self, request_ids) -> None:
         for rid in request_ids:
             self._taps.pop(rid, None)
+            if self.leases is not None:
+                self.leases.release(rid)
 
     def last_tap_rows(self, request_id: str) -> torch.Tensor | None:
         """The latest step's tap rows of a request: [n_rows, m*d] in the model dtype."""
@@ -193,10 +234,28 @@ class ModelRunner:
         for t in s.token_ids:
             if not 0 <= t < vocab:
                 raise ValueError(f"{where}: token id {t} out of range [0, {vocab})")
+        if s.lease_id >= 0:
+            if self.leases is None:
+                raise ValueError(f"{where}: lease_id {s.lease_id} given but this worker has "
+                                 "no drafter (num_speculative_tokens=0)")
+            self.leases.check(s.lease_id, s.request_id)
+        k = s.num_speculative_tokens
+        if k:
+            if not 0 < k <= self.num_spec:
+                raise ValueError(f"{where}: num_speculative_tokens={k} must be in "
+                                 f"[0, {self.num_spec}]")
+            if s.lease_id < 0 or n != 1 or not s.sample:
+                raise ValueError(f"{where}: a speculative step needs a lease, exactly one "
+                                 "token (the anchor) and sample=true")
 
     @torch.inference_mode()
     def step(self, plan: StepPlan) -> StepOutput:
-        """Run one batched forward; outputs are in the plan's order."""
+        """Run one batched forward; outputs are in the plan's order.
+
+        Speculating sequences (num_speculative_tokens = k > 0) are drafted first from
+        their lease rings, then verified in the same target forward as everything
+        else: rows [anchor, d_1..d_k] at positions start..start+k.
+        """
         t0 = time.perf_counter()
         seqs = plan.seqs
         if not seqs:
@@ -207,15 +266,36 @@ class ModelRunner:
             if s.request_id in ids:
                 raise ValueError(f"request {s.request_id!r} appears twice in step {plan.step_id}")
             ids.add(s.request_id)
+        for s in seqs:
+            if s.lease_id >= 0:
+                self.leases.claim(s.lease_id, s.request_id)
+                if s.start_position == 0:  # a (re-)prefill from scratch: forget old rows
+                    self.leases.pos[s.lease_id] = -1
+        spec = [i for i, s in enumerate(seqs) if s.num_speculative_tokens]
+        drafts = self._draft([seqs[i] for i in spec]) if spec else None
+        rows_in: list[list[int]] = []
+        for i, s in enumerate(seqs):
+            toks = list(s.token_ids)
+            if drafts is not None and i in spec:
+                j = spec.index(i)
+                toks += drafts.tokens[j, :s.num_speculative_tokens].tolist()
+                end = s.start_position + len(toks)
+                if end > self.max_model_len or -(-end // self.block_size) > len(s.block_ids):
+                    raise ValueError(f"request {s.request_id!r}: verify window up to {end} "
+                                     f"needs more blocks / exceeds max_model_len")
+            rows_in.append(toks)
         dev = self.device
         a = self.model.args
         tokens: list[int] = []
         logit_rows: list[int] = []
-        for s in seqs:
-            tokens.extend(s.token_ids)
-            if s.sample:
+        for s, toks in zip(seqs, rows_in):
+            tokens.extend(toks)
+            if s.num_speculative_tokens:
+                logit_rows.extend(range(len(tokens) - len(toks), len(tokens)))
+            elif s.sample:
                 logit_rows.append(len(tokens) - 1)
-        meta = build_metadata([(s.start_position, len(s.token_ids), s.block_ids) for s in seqs],
+        meta = build_metadata([(s.start_position, len(t), s.block_ids)
+                               for s, t in zip(seqs, rows_in)],
                               self.block_size, a.num_heads // a.num_kv_heads, dev)
         if meta.gather_blocks:
             meta.ws_k, meta.ws_v = self.kv.workspace(meta.gather_blocks)
@@ -225,27 +305,64 @@ class ModelRunner:
         rows = torch.tensor(logit_rows, dtype=torch.long, device=dev) if logit_rows else None
         logits = self.model.forward(torch.tensor(tokens, dtype=torch.long, device=dev), meta,
                                     self.kv, rows, self.tap_layers, taps)
-        sampled = None
+        outputs = [SeqOutput(s.request_id, num_tap_rows=len(tk) if taps is not None else 0)
+                   for s, tk in zip(seqs, rows_in)]
         if logits is not None:
-            params = [RowParams(s.temperature, s.top_k, s.top_p, s.seed,
-                                s.start_position + len(s.token_ids)) for s in seqs if s.sample]
-            tok, lp = sample(logits, params)
-            sampled = (tok.tolist(), lp.tolist())
-        outputs, row, j = [], 0, 0
-        for s in seqs:
-            n = len(s.token_ids)
-            out = SeqOutput(s.request_id, num_tap_rows=n if taps is not None else 0)
-            if s.sample:
-                out.token_id, out.logprob = sampled[0][j], sampled[1][j]
-                j += 1
+            self._results(seqs, rows_in, logits, drafts, spec, outputs)
+        row = 0
+        for s, toks, out in zip(seqs, rows_in, outputs):
+            n = len(toks)
             if taps is not None:
                 rows_s = taps[row:row + n]
                 self._keep_taps(s, rows_s)
+                if s.lease_id >= 0:
+                    self.leases.write(s.lease_id, s.start_position, rows_s)
                 if s.return_tap_rows:
                     out.tap_rows = rows_s.float().cpu().numpy()
             row += n
-            outputs.append(out)
         return StepOutput(plan.step_id, outputs, forward_ms=(time.perf_counter() - t0) * 1e3)
+
+    def _draft(self, seqs: list[SeqStep]):
+        params = [RowParams(s.temperature, s.top_k, s.top_p, s.seed, s.start_position)
+                  for s in seqs]
+        return self.leases.draft([s.lease_id for s in seqs], [s.token_ids[0] for s in seqs],
+                                 [s.start_position for s in seqs], params,
+                                 use_markov=self.use_markov)
+
+    def _results(self, seqs, rows_in, logits, drafts, spec, outputs) -> None:
+        """Fill sampled tokens (plain rows) and verify results (speculative rows)."""
+        plain, plain_rows, vin, vrows, r = [], [], [], [], 0
+        for i, (s, toks) in enumerate(zip(seqs, rows_in)):
+            if s.num_speculative_tokens:
+                j = spec.index(i)
+                k = s.num_speculative_tokens
+                dist = drafts.dists[j]
+                vin.append(VerifyInput(
+                    draft_tokens=toks[1:], anchor_position=s.start_position,
+                    params=RowParams(s.temperature, s.top_k, s.top_p, s.seed,
+                                     s.start_position),
+                    draft_probs=None if dist is None else dist[:k]))
+                vrows.extend(range(r, r + k + 1))
+                r += k + 1
+            elif s.sample:
+                plain.append(i)
+                plain_rows.append(r)
+                r += 1
+        if plain:
+            params = [RowParams(seqs[i].temperature, seqs[i].top_k, seqs[i].top_p,
+                                seqs[i].seed, seqs[i].start_position + len(rows_in[i]))
+                      for i in plain]
+            tok, lp = sample(logits[plain_rows] if vin else logits, params)
+            for i, t_, l_ in zip(plain, tok.tolist(), lp.tolist()):
+                outputs[i].token_id, outputs[i].logprob = t_, l_
+        if vin:
+            results = verify(logits[vrows], vin)
+            for j, (i, res) in enumerate(zip(spec, results)):
+                o = outputs[i]
+                o.draft_tokens, o.target_tokens = res.draft_tokens, res.target_tokens
+                o.q_draft, o.p_draft = res.q_draft, res.p_draft
+                o.residual_tokens = res.residual_tokens
+                o.confidences = drafts.confidences[j, :len(res.draft_tokens)].float().tolist()
 
     def _keep_taps(self, s: SeqStep, rows: torch.Tensor) -> None:
         """Remember the step's rows and update the tail (a copy of <= TAP_TAIL rows, so

@@ -91,3 +91,5 @@ def assert_all_blocks_free(cluster) -> None:
         assert ld.num_running == 0 and ld.num_waiting == 0, ld
         assert ld.free_kv_blocks == ld.total_kv_blocks, (
             f"{ld.total_kv_blocks - ld.free_kv_blocks} KV blocks still held")
+        assert ld.free_leases == ld.total_leases, (
+            f"{ld.total_leases - ld.free_leases} drafter leases still held")

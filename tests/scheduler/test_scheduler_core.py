@@ -289,7 +289,8 @@ def test_mixed_run_frees_all_blocks():
     res = drive(sched, worker, on_step=abort_some)
     assert sched.num_preemptions > 0 and len(aborted) == 3
     assert sched.load() == {"num_waiting": 0, "num_running": 0, "free_kv_blocks": 10,
-                            "total_kv_blocks": 10, "outstanding_tokens": 0}
+                            "total_kv_blocks": 10, "outstanding_tokens": 0,
+                            "free_leases": 0, "total_leases": 0}
     for i in range(10):
         rid = f"r{i}"
         if rid not in aborted:
@@ -387,7 +388,8 @@ def test_load_reports_queue_and_outstanding_tokens():
     assert sched.load()["outstanding_tokens"] == (6 + 3) + (2 + 5)
     sched.schedule()  # a: 4 of 6 prompt tokens
     assert sched.load() == {"num_waiting": 1, "num_running": 1, "free_kv_blocks": 7,
-                            "total_kv_blocks": 8, "outstanding_tokens": (2 + 3) + (2 + 5)}
+                            "total_kv_blocks": 8, "outstanding_tokens": (2 + 3) + (2 + 5),
+                            "free_leases": 0, "total_leases": 0}
 
 
 def test_core_imports_no_torch_or_grpc():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from dspark.shared.types import FinishReason, SamplingParams
+from dspark.shared.types import FinishReason, SamplingParams, SpecSummary
 
 
 class RequestStatus(enum.Enum):
@@ -38,6 +38,13 @@ class Request:
     # step, so results of steps planned before an abort/preemption/reset are
     # dropped instead of being appended twice.
     pending_sample_step: int | None = None
+    # Speculation: the drafter lease held (-1 = none), K of the step in flight,
+    # whether the request fell back to one token per step for good, and its stats.
+    lease_id: int = -1
+    pending_spec_k: int = 0
+    pending_fallback: bool = False
+    spec_fallback: bool = False
+    spec: SpecSummary = field(default_factory=SpecSummary)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -43,9 +43,11 @@ import itertools
 import threading
 from collections import deque
 
+from dspark.shared import rng
+from dspark.shared.acceptance import VerifyResult, accept, truncate
 from dspark.shared.config import SchedulerConfig
-from dspark.shared.types import (FinishReason, RequestOutput, SamplingParams, SeqStep,
-                                 StepOutput, StepPlan, WorkerInfo)
+from dspark.shared.types import (FinishReason, RequestOutput, SamplingParams, SeqOutput,
+                                 SeqStep, SpecSummary, StepOutput, StepPlan, WorkerInfo)
 
 from .block_allocator import BlockAllocator
 from .errors import AdmissionError, DuplicateRequestError, RequestValidationError
@@ -96,6 +98,15 @@ class Scheduler:
         self._arrivals = itertools.count()
         self._step_ids = itertools.count()
         self.num_preemptions = 0  # total over the scheduler's life
+        # Speculation (DSPARK.md 3): K from the worker, a fixed pool of drafter leases.
+        self.num_spec = info.num_speculative_tokens if info.num_leases else 0
+        self._free_leases: list[int] = list(range(info.num_leases)) if self.num_spec else []
+        self.num_leases = len(self._free_leases)
+        # Totals since start (metrics): drafts = verify steps with drafts.
+        self.spec_totals = SpecSummary(num_speculative_tokens=self.num_spec,
+                                       accepted_per_pos=[0] * self.num_spec)
+        # (drafts verified, drafts accepted, fallback) per request of the last update
+        self.last_spec_events: list[tuple[int, int, bool]] = []
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ requests
@@ -111,6 +122,8 @@ class Scheduler:
             raise AdmissionError(f"waiting queue is full: {len(self._waiting)} requests "
                                  f"(max_waiting={self.config.max_waiting})")
         req = Request(request_id, prompt, sampling, arrival_seq=next(self._arrivals))
+        req.spec = SpecSummary(num_speculative_tokens=self.num_spec,
+                               accepted_per_pos=[0] * self.num_spec)
         self._requests[request_id] = req
         self._waiting.append(req)
 
@@ -154,7 +167,8 @@ class Scheduler:
         else:
             self._waiting.remove(req)
         self._finish(req, FinishReason.ABORT)
-        return RequestOutput(request_id, [], FinishReason.ABORT)
+        return RequestOutput(request_id, [], FinishReason.ABORT,
+                             self._summary(req, FinishReason.ABORT))
 
     def _finish(self, req: Request, reason: FinishReason) -> None:
         """Mark finished, free blocks, forget. The caller removed it from its queue."""
@@ -165,9 +179,14 @@ class Scheduler:
         del self._requests[req.request_id]
 
     def _free_blocks(self, req: Request) -> None:
+        """Give back the request's KV blocks and its drafter lease (idempotent)."""
         if req.block_ids:
             self.allocator.free(req.block_ids)
             req.block_ids = []
+        if req.lease_id >= 0:
+            self._free_leases.append(req.lease_id)
+            self._free_leases.sort()
+            req.lease_id = -1
 
     # ------------------------------------------------------------------ planning
 
@@ -198,10 +217,32 @@ class Scheduler:
             n = self._grow_blocks(req, n)
             if n == 0:  # it preempted itself; it was the youngest, so the loop ends
                 break
-            seqs.append(self._make_seq(step_id, req, n))
-            budget -= n
+            k = self._spec_tokens(req, n, budget) if self.num_spec else 0
+            seqs.append(self._make_seq(step_id, req, n, k))
+            budget -= n + k
             i += 1
         return seqs, budget, self.num_preemptions > preemptions_before
+
+    def _spec_tokens(self, req: Request, n: int, budget: int) -> int:
+        """K for a decode step of ``req`` (its anchor is the one token to compute):
+        the worker's K, or fewer when the step budget or free KV blocks are short
+        (never preempting anyone for draft rows); 0 once the verify window would
+        pass max_model_len (the request then decodes one token per step for good)."""
+        if n != 1 or req.num_uncomputed_tokens != 1 or req.lease_id < 0:
+            return 0  # a prefill chunk
+        anchor_pos = req.num_tokens - 1
+        if req.spec_fallback or anchor_pos + self.num_spec >= self.max_model_len:
+            req.spec_fallback = True
+            return 0
+        k = min(self.num_spec, budget - 1)
+        bs = self.block_size
+        while k > 0:
+            need = _cdiv(anchor_pos + 1 + k, bs) - len(req.block_ids)
+            if need <= self.allocator.num_free:
+                req.block_ids += self.allocator.allocate(max(need, 0))
+                break
+            k -= 1
+        return k
 
     def _grow_blocks(self, req: Request, n: int) -> int:
         """Allocate blocks so ``req`` can compute up to ``n`` more tokens.
@@ -246,6 +287,10 @@ class Scheduler:
             reserve = self.watermark_blocks if self._running else 0
             if self.allocator.num_free - need < reserve:
                 break
+            if self.num_spec and req.lease_id < 0:
+                if not self._free_leases:
+                    break  # out of drafter leases: it waits, it is never failed
+                req.lease_id = self._free_leases.pop(0)
             self._waiting.popleft()
             req.block_ids += self.allocator.allocate(need)
             req.status = RequestStatus.RUNNING
@@ -254,19 +299,24 @@ class Scheduler:
             budget -= n
         return seqs
 
-    def _make_seq(self, step_id: int, req: Request, n: int) -> SeqStep:
-        """The SeqStep computing tokens[num_computed : num_computed+n]; advances num_computed."""
+    def _make_seq(self, step_id: int, req: Request, n: int, k: int = 0) -> SeqStep:
+        """The SeqStep computing tokens[num_computed : num_computed+n]; advances num_computed.
+        k > 0: also draft and verify k tokens after the anchor (n = 1)."""
         start = req.num_computed_tokens
         end = start + n
         sample = end == req.num_tokens  # terminal chunk (or a decode step)
         req.num_computed_tokens = end
         if sample:
             req.pending_sample_step = step_id
+            req.pending_spec_k = k
+            # a one-token decode step of a request that could speculate
+            req.pending_fallback = (k == 0 and n == 1 and req.lease_id >= 0
+                                    and start >= req.num_prompt_tokens)
         sp = req.sampling
         return SeqStep(request_id=req.request_id, token_ids=req.token_slice(start, end),
                        start_position=start, block_ids=list(req.block_ids), sample=sample,
                        temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
-                       seed=sp.seed)
+                       seed=sp.seed, lease_id=req.lease_id, num_speculative_tokens=k)
 
     # ------------------------------------------------------------------ results
 
@@ -283,26 +333,81 @@ class Scheduler:
             raise ValueError(f"output step_id={output.step_id} does not match "
                              f"plan step_id={plan.step_id}")
         by_id = {o.request_id: o for o in output.outputs}
+        self.last_spec_events = []
         accepted = []
         for seq in plan.seqs:
             req = self._requests.get(seq.request_id)
             if not seq.sample or req is None or req.pending_sample_step != plan.step_id:
                 continue
             out = by_id.get(seq.request_id)
-            if out is None or not 0 <= out.token_id < self.info.vocab_size:
+            if seq.num_speculative_tokens:
+                accepted.append((req, self._verify_result(plan.step_id, seq, out)))
+            elif out is None or not 0 <= out.token_id < self.info.vocab_size:
                 raise ValueError(f"step {plan.step_id}: no valid sampled token for "
                                  f"{seq.request_id!r} (got {out})")
-            accepted.append((req, out.token_id))
-        return [self._commit(req, tok) for req, tok in accepted]
+            else:
+                accepted.append((req, out.token_id))
+        return [self._commit(req, tok) if isinstance(tok, int) else self._commit_spec(req, tok)
+                for req, tok in accepted]
+
+    def _verify_result(self, step_id: int, seq: SeqStep, out: SeqOutput | None) -> VerifyResult:
+        """The worker's verify output as a checked VerifyResult (uniforms made here)."""
+        k, v = seq.num_speculative_tokens, self.info.vocab_size
+        ok = out is not None and len(out.draft_tokens) == k and len(out.target_tokens) == k + 1 \
+            and len(out.q_draft) == k and len(out.p_draft) == k and len(out.residual_tokens) == k \
+            and all(0 <= t < v for t in out.draft_tokens + out.target_tokens)
+        if not ok:
+            raise ValueError(f"step {step_id}: invalid verify output for {seq.request_id!r} "
+                             f"with K={k} (got {out})")
+        a = seq.start_position
+        return VerifyResult(draft_tokens=list(out.draft_tokens),
+                            target_tokens=list(out.target_tokens), q_draft=list(out.q_draft),
+                            p_draft=list(out.p_draft),
+                            uniforms=[rng.uniform(seq.seed, a + i + 1, rng.STREAM_ACCEPT)
+                                      for i in range(k)],
+                            residual_tokens=list(out.residual_tokens))
 
     def _commit(self, req: Request, token_id: int) -> RequestOutput:
         req.pending_sample_step = None
         req.output_token_ids.append(token_id)
+        if req.pending_fallback:  # a one-token step of a request that could speculate
+            req.spec.fallback_steps += 1
+            self.spec_totals.fallback_steps += 1
+            self.last_spec_events.append((0, 0, True))
         reason = self._stop_reason(req, token_id)
         if reason != FinishReason.NONE:
             self._running.remove(req)
             self._finish(req, reason)
-        return RequestOutput(req.request_id, [token_id], reason)
+        return RequestOutput(req.request_id, [token_id], reason, self._summary(req, reason))
+
+    def _commit_spec(self, req: Request, result: VerifyResult) -> RequestOutput:
+        """Accept (shared/acceptance.py), truncate at stop conditions, commit."""
+        sp = req.sampling
+        acc = accept(result, greedy=sp.greedy)
+        kept, reason = truncate(acc.tokens, remaining_tokens=sp.max_tokens - req.num_output_tokens,
+                                remaining_len=self._max_len - req.num_tokens,
+                                stop_token_ids=sp.stop_token_ids, eos_token_ids=self._eos,
+                                ignore_eos=sp.ignore_eos)
+        k = len(result.draft_tokens)
+        self.last_spec_events.append((k, acc.num_accepted, False))
+        for st in (req.spec, self.spec_totals):
+            st.verify_steps += 1
+            st.num_draft_tokens += k
+            st.num_accepted_tokens += acc.num_accepted
+            st.committed_in_verify += len(acc.tokens)
+            for pos in range(acc.num_accepted):
+                st.accepted_per_pos[pos] += 1
+        req.pending_sample_step = None
+        req.output_token_ids += kept
+        # the anchor and the kept drafts have valid KV; the last kept token is the next anchor
+        req.num_computed_tokens += len(kept) - 1
+        if reason != FinishReason.NONE:
+            self._running.remove(req)
+            self._finish(req, reason)
+        return RequestOutput(req.request_id, list(kept), reason, self._summary(req, reason))
+
+    def _summary(self, req: Request, reason: FinishReason) -> SpecSummary | None:
+        return req.spec if reason != FinishReason.NONE and self.num_spec else None
 
     def _stop_reason(self, req: Request, token_id: int) -> FinishReason:
         """Stop checks for one sampled token. A stop/EOS token stays in the
@@ -349,6 +454,8 @@ class Scheduler:
             "num_running": len(self._running),
             "free_kv_blocks": self.allocator.num_free,
             "total_kv_blocks": self.allocator.num_total,
+            "free_leases": len(self._free_leases),
+            "total_leases": self.num_leases,
             "outstanding_tokens": outstanding,
         }
 

@@ -177,20 +177,31 @@ class DraftLayer(torch.nn.Module):
         self.w13 = torch.nn.Parameter(torch.randn(2 * c.intermediate_size, d) * std)
         self.w2 = torch.nn.Parameter(torch.randn(d, c.intermediate_size) * std)
 
+    def ctx_kv(self, ctx: torch.Tensor, rope_ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context rows' own K/V: ctx [..., C, d] -> kc, vc [..., C, KV, hd] (kc roped).
+
+        Context rows are projected by this layer's K/V weights only (they do not pass
+        through the layer), so they can be computed once per row and cached."""
+        kvh, hd, qd = self.kvh, self.hd, self.q_dim
+        kvc = F.linear(ctx, self.wqkv[qd:])
+        shape = (*ctx.shape[:-1], kvh, hd)
+        kc = _apply_rope(kvc[..., :kvh * hd].reshape(shape), *rope_ctx)
+        return kc, kvc[..., kvh * hd:].reshape(shape)
+
     def forward(self, x: torch.Tensor, ctx: torch.Tensor, rope_blk, rope_ctx,
                 mask: torch.Tensor) -> torch.Tensor:
         """x: [B, K, d] block rows; ctx: [B, C, d] fused context; mask: [B, 1, 1, C+K]."""
+        return self.attend(x, *self.ctx_kv(ctx, rope_ctx), rope_blk, mask)
+
+    def attend(self, x: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rope_blk,
+               mask: torch.Tensor) -> torch.Tensor:
+        """x: [B, K, d]; kc, vc: [B, C, KV, hd] context K/V; mask: [B, 1, 1, C+K]."""
         b, k, d = x.shape
-        c = ctx.shape[1]
         h, kvh, hd, qd = self.h, self.kvh, self.hd, self.q_dim
         qkv = F.linear(F.rms_norm(x, (d,), self.ln1, self.eps), self.wqkv)  # [B, K, (H+2KV)hd]
         q = _apply_rope(qkv[..., :qd].view(b, k, h, hd), *rope_blk)
         kb = _apply_rope(qkv[..., qd:qd + kvh * hd].view(b, k, kvh, hd), *rope_blk)
         vb = qkv[..., qd + kvh * hd:].view(b, k, kvh, hd)
-        # context rows: this layer's own k/v projections, not passed through the layer
-        kvc = F.linear(ctx, self.wqkv[qd:])  # [B, C, 2*KV*hd]
-        kc = _apply_rope(kvc[..., :kvh * hd].view(b, c, kvh, hd), *rope_ctx)
-        vc = kvc[..., kvh * hd:].view(b, c, kvh, hd)
         kk = torch.cat([kc, kb], 1).transpose(1, 2)  # [B, KV, C+K, hd]
         vv = torch.cat([vc, vb], 1).transpose(1, 2)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=mask,
@@ -198,7 +209,6 @@ class DraftLayer(torch.nn.Module):
         x = x + F.linear(o.transpose(1, 2).reshape(b, k, qd), self.wo)
         gate, up = F.linear(F.rms_norm(x, (d,), self.ln2, self.eps), self.w13).chunk(2, -1)
         return x + F.linear(F.silu(gate) * up, self.w2)  # SwiGLU
-
 
     def forward_shared(self, x: torch.Tensor, ctx: torch.Tensor, rope_blk, rope_ctx,
                        valid: torch.Tensor) -> torch.Tensor:
@@ -398,6 +408,34 @@ class DSparkDrafter(torch.nn.Module):
         rope_blk, rope_ctx = self._rope(blk_pos), self._rope(ctx_positions)
         for layer in self.layers:
             x = layer(x, ctx, rope_blk, rope_ctx, mask)
+        return F.rms_norm(x, (d,), self.norm, c.rms_norm_eps)
+
+    def fuse_context(self, taps: torch.Tensor, positions: torch.Tensor
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per draft layer, the K/V of context rows: taps [n, m*d] at positions [n] ->
+        [(kc, vc) [n, KV, hd]] (what a lease's ring caches, once per committed row)."""
+        c = self.config
+        ctx = F.rms_norm(F.linear(taps.to(self.dtype), self.fc), (c.hidden_size,),
+                         self.ctx_norm, c.rms_norm_eps)
+        rope = self._rope(positions)
+        return [layer.ctx_kv(ctx, rope) for layer in self.layers]
+
+    def backbone_cached(self, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
+                        ctx_positions: torch.Tensor, ctx_valid: torch.Tensor,
+                        anchors: torch.Tensor, anchor_pos: torch.Tensor) -> torch.Tensor:
+        """``backbone`` over cached context K/V: per layer (kc, vc) [B, C, KV, hd],
+        ctx_positions [B, C] and ctx_valid [B, C] (rows that exist); the window and
+        causality masks are applied here as in ``context_mask``."""
+        c, dt = self.config, self.dtype
+        b, k, d = anchors.shape[0], c.block_size, c.hidden_size
+        x = torch.cat([F.embedding(anchors.unsqueeze(1), self._embed).to(dt),
+                       self.mask_embed.expand(b, k - 1, d)], 1)
+        ap = anchor_pos.unsqueeze(1)
+        valid = ctx_valid & (ctx_positions < ap) & (ctx_positions >= ap - c.context_window)
+        mask = torch.cat([valid, valid.new_ones(b, k)], 1)[:, None, None, :]
+        rope_blk = self._rope(ap + torch.arange(k, device=anchors.device))
+        for layer, (kc, vc) in zip(self.layers, ctx_kv):
+            x = layer.attend(x, kc, vc, rope_blk, mask)
         return F.rms_norm(x, (d,), self.norm, c.rms_norm_eps)
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:

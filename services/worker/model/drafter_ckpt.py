@@ -119,3 +119,20 @@ def load_drafter(directory: Path | str, target_info: dict) -> DSparkDrafter:
             raise ValueError(f"{w_path}: draft_vocab must hold {ids.numel()} distinct ids "
                              f"in [0, {config.target_vocab_size})")
     return drafter.eval()
+
+
+def export_drafter(src: Path | str, dst: Path | str, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Copy a trained checkpoint's drafter (not its train state) to ``dst`` with float
+    tensors stored in ``dtype`` (bf16 halves the file; loading casts to the serving
+    dtype anyway)."""
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    config = DrafterConfig.from_json((src / CONFIG_FILE).read_text())  # validates
+    tensors = load_file(str(src / WEIGHTS_FILE))
+    out = {n: (t.to(dtype) if t.is_floating_point() else t).contiguous()
+           for n, t in tensors.items()}
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(dst / WEIGHTS_FILE))
+    (dst / CONFIG_FILE).write_text(config.to_json())
+    return dst

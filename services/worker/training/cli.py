@@ -98,8 +98,9 @@ def add_parser(sub) -> None:
     t = sub.add_parser("train-drafter", help="train the DSpark drafter on self-generated data")
     t.add_argument("--data", default="data/selfgen/SmolLM2-135M-Instruct",
                    help="shards written by `dspark gen-drafter-data`")
-    t.add_argument("--out", default="drafters/SmolLM2-135M-Instruct",
-                   help="checkpoint folder (drafter + resumable train state)")
+    t.add_argument("--out", default="runs/drafter-SmolLM2-135M-Instruct",
+                   help="checkpoint folder (drafter + resumable train state); ship it with "
+                        "`dspark export-drafter`")
     t.add_argument("--model", default="", help="target checkpoint (default: the default model)")
     t.add_argument("--resume", action=argparse_bool(), default=True,
                    help="continue from --out when it holds a train state (default: yes)")
@@ -141,6 +142,30 @@ def add_parser(sub) -> None:
                    help="learning curve: held-out tau every N new labelled tokens")
     t.add_argument("--json", default=None, help="write the stats here")
     t.set_defaults(fn=main)
+
+
+def export_main(args) -> int:
+    import torch
+
+    from dspark.worker.model.drafter_ckpt import export_drafter
+
+    dt = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    out = export_drafter(args.src, args.dst, dt)
+    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    print(f"exported {args.src} -> {out} ({args.dtype}, {size:.1f} MiB)")
+    return 0
+
+
+def add_export_parser(sub) -> None:
+    from dspark.shared.config import DEFAULT_MODEL_NAME, shipped_drafter_dir
+
+    e = sub.add_parser("export-drafter",
+                       help="copy a trained drafter (weights only) to where serving finds it")
+    e.add_argument("src", help="a train-drafter --out folder")
+    e.add_argument("dst", nargs="?", default=str(shipped_drafter_dir(DEFAULT_MODEL_NAME)),
+                   help="destination (default: the shipped drafter of the default model)")
+    e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    e.set_defaults(fn=export_main)
 
 
 def _datasets_train() -> Path:

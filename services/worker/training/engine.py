@@ -15,17 +15,21 @@ class OfflineEngine:
     """generate(): feed (id, prompt ids, params) items, yield (id, output ids,
     finish reason) as requests finish, keeping up to max_num_seqs in flight."""
 
-    def __init__(self, runner, max_num_seqs: int = 32, max_num_batched_tokens: int = 1024):
+    def __init__(self, runner, max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
+                 info=None):
         self.runner = runner
-        self.info = runner.info()
+        # info override: e.g. num_speculative_tokens=0 runs plain decoding on a
+        # runner that has a drafter
+        self.info = info or runner.info()
         self.config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens,
                                       max_waiting=max_num_seqs)
         self.tokens_generated = 0
+        self.core: Scheduler | None = None  # the last generate()'s (its spec_totals)
 
     def generate(self, items: Iterable[tuple[str, list[int], SamplingParams]]
                  ) -> Iterator[tuple[str, list[int], str]]:
-        core = Scheduler(self.config, self.info)
+        core = self.core = Scheduler(self.config, self.info)
         pending = iter(items)
         outputs: dict[str, list[int]] = {}
         exhausted = False

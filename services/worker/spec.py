@@ -1,0 +1,141 @@
+"""Worker-side speculation: drafter leases (rings of cached context K/V) and drafting.
+
+A lease is one request's drafter context on this worker. Its ring holds, per
+draft layer, the context K/V (``DSparkDrafter.fuse_context``) of the last
+R = W + K + 1 positions the target computed for the request, in slot
+``position % R``, with the position stored beside it (-1 = empty).
+
+Every target row the request computes is written eagerly: prefill chunks (so
+the prompt's last W rows seed the first draft) and all K + 1 verify rows,
+before acceptance is known. Rows past the accepted prefix are then stale, but
+they sit at positions >= the next anchor's, which the drafter never attends to
+(it sees only positions in [anchor - W, anchor)), and the next verify
+overwrites them. R = W + K + 1 makes sure eager rows never evict a row that is
+still inside the next window. So the ring needs no rollback and the worker no
+acceptance: positions in each step say everything.
+
+A lease is reset (all positions -1) when it changes owner, so a reused lease
+never shows the previous request's rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .model.drafter import DSparkDrafter
+from .sampler import RowParams
+from .verify import processed_probs, sample_draft
+
+
+@dataclass
+class DraftBatch:
+    """Drafts for the speculating requests of one step (rows in request order)."""
+
+    tokens: torch.Tensor              # [B, K] target token ids
+    probs: torch.Tensor               # [B, K] p_k(d_k)
+    dists: list[torch.Tensor | None]  # per request [K, V] (None: greedy, one-hot)
+    confidences: torch.Tensor         # [B, K]
+
+
+class LeasePool:
+    """Fixed pool of drafter rings, memory reserved at start-up."""
+
+    def __init__(self, drafter: DSparkDrafter, num_leases: int, num_spec_tokens: int,
+                 device: torch.device):
+        c = drafter.config
+        self.drafter = drafter
+        self.num_leases = num_leases
+        self.ring = c.context_window + num_spec_tokens + 1
+        kvh, hd = c.num_kv_heads, c.head_dim
+        shape = (num_leases, self.ring, kvh, hd)
+        dt = drafter.dtype
+        self.k = [torch.zeros(shape, dtype=dt, device=device) for _ in drafter.layers]
+        self.v = [torch.zeros(shape, dtype=dt, device=device) for _ in drafter.layers]
+        self.pos = torch.full((num_leases, self.ring), -1, dtype=torch.long, device=device)
+        self.owner: list[str | None] = [None] * num_leases
+
+    @staticmethod
+    def bytes_needed(drafter_config, num_leases: int, num_spec_tokens: int,
+                     dtype: torch.dtype) -> int:
+        c = drafter_config
+        ring = c.context_window + num_spec_tokens + 1
+        elem = torch.empty((), dtype=dtype).element_size()
+        return num_leases * ring * (2 * c.num_draft_layers * c.num_kv_heads * c.head_dim * elem
+                                    + 8)
+
+    def check(self, lease: int, request_id: str) -> None:
+        if not 0 <= lease < self.num_leases:
+            raise ValueError(f"request {request_id!r}: lease_id {lease} out of range "
+                             f"[0, {self.num_leases})")
+
+    def claim(self, lease: int, request_id: str) -> None:
+        """Make ``request_id`` the owner; a new owner starts with an empty ring."""
+        if self.owner[lease] != request_id:
+            self.pos[lease] = -1
+            self.owner[lease] = request_id
+
+    def release(self, request_id: str) -> None:
+        for i, o in enumerate(self.owner):
+            if o == request_id:
+                self.owner[i] = None
+                self.pos[i] = -1
+
+    def free_count(self) -> int:
+        return sum(o is None for o in self.owner)
+
+    @torch.no_grad()
+    def write(self, lease: int, start_position: int, taps: torch.Tensor) -> None:
+        """Cache the context K/V of rows at start_position.. (only the last R matter)."""
+        n = taps.shape[0]
+        if n > self.ring:
+            taps, start_position, n = taps[-self.ring:], start_position + n - self.ring, self.ring
+        pos = torch.arange(start_position, start_position + n, device=taps.device)
+        slots = pos % self.ring
+        for li, (kc, vc) in enumerate(self.drafter.fuse_context(taps, pos)):
+            self.k[li][lease, slots] = kc
+            self.v[li][lease, slots] = vc
+        self.pos[lease, slots] = pos
+
+    @torch.no_grad()
+    def draft(self, leases: list[int], anchors: list[int], anchor_pos: list[int],
+              params: list[RowParams], use_markov: bool = True) -> DraftBatch:
+        """Draft K tokens for each (lease, anchor at anchor_pos), at each request's
+        sampling parameters (greedy rows: argmax; sampled rows: a seeded draw from
+        the processed draft distribution at positions anchor_pos + 1..K)."""
+        dr = self.drafter
+        dev = self.pos.device
+        idx = torch.tensor(leases, dtype=torch.long, device=dev)
+        a = torch.tensor(anchors, dtype=torch.long, device=dev)
+        ap = torch.tensor(anchor_pos, dtype=torch.long, device=dev)
+        pos = self.pos.index_select(0, idx)
+        ctx_kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in zip(self.k, self.v)]
+        h = dr.backbone_cached(ctx_kv, pos, pos >= 0, a, ap)
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        rows: dict[int, list[torch.Tensor]] = {i: [] for i in sampled}
+
+        def pick(k: int, logits: torch.Tensor):
+            slot = logits.argmax(-1)
+            if not sampled:
+                return slot, None
+            sel = torch.tensor(sampled, dtype=torch.long, device=dev)
+            sub = [params[i] for i in sampled]
+            probs = processed_probs(logits.index_select(0, sel).float(), sub)
+            drawn = sample_draft(probs, sub, [anchor_pos[i] + k + 1 for i in sampled])
+            slot = slot.index_copy(0, sel, drawn.to(slot.device))
+            for j, i in enumerate(sampled):
+                rows[i].append(probs[j])
+            full = torch.zeros(logits.shape, dtype=torch.float32, device=dev)
+            full.scatter_(1, slot.unsqueeze(1), 1.0)
+            return slot, full.index_copy(0, sel, probs)
+
+        out = dr.draft_from_h(h, a, use_markov=use_markov, pick=pick)
+        dists: list[torch.Tensor | None] = [None] * len(leases)
+        for i in sampled:
+            p = torch.stack(rows[i])  # [K, Vd]
+            if dr.draft_vocab is not None:
+                full = torch.zeros(p.shape[0], dr.config.target_vocab_size,
+                                   dtype=torch.float32, device=dev)
+                p = full.index_copy_(1, dr.draft_vocab, p)
+            dists[i] = p
+        return DraftBatch(out.tokens, out.probs, dists, out.confidences)

@@ -1,0 +1,170 @@
+"""Speculative decoding in the worker runner (tiny random Llama + random drafter, fp32).
+
+Drives the real scheduler core and ModelRunner in process (OfflineEngine): drafting
+from lease rings, verify rows in the batched forward, acceptance by the scheduler.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from dspark.shared.config import WorkerConfig
+from dspark.shared.types import SamplingParams
+from dspark.worker.model.drafter import DrafterConfig, DSparkDrafter
+from dspark.worker.model.drafter_ckpt import save_drafter
+from dspark.worker.runner import ModelRunner, model_fingerprint
+from dspark.worker.spec import LeasePool
+from dspark.worker.training.engine import OfflineEngine
+
+from .reference import dense_forward, load_weights
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+K = 7
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tiny_model_dir, target, tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(target.args, model_fingerprint(tiny_model_dir),
+                                   target_layer_ids=(0, 1, 2), block_size=K,
+                                   context_window=16, markov_rank=8)
+    dr = DSparkDrafter(cfg)
+    dr.init_from_target(target)
+    with torch.no_grad():
+        dr.markov_w2.normal_(0, 0.5)
+    return save_drafter(tmp_path_factory.mktemp("drafter") / "tiny-drafter", dr)
+
+
+def runner(tiny_model_dir, drafter_dir, k: int, **kw) -> ModelRunner:
+    return ModelRunner(WorkerConfig(
+        model=str(tiny_model_dir), dtype="float32", num_kv_blocks=96, block_size=8,
+        tap_layer_ids=(0, 1, 2), drafter=str(drafter_dir), num_leases=4,
+        speculative_config=json.dumps({"method": "dspark", "num_speculative_tokens": k}), **kw))
+
+
+def prompts(n=6, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 97) for _ in range(rng.randrange(3, 30))] for _ in range(n)]
+
+
+def generate(r, items, max_num_seqs=4):
+    eng = OfflineEngine(r, max_num_seqs=max_num_seqs, max_num_batched_tokens=64)
+    out = {rid: ids for rid, ids, _ in eng.generate(items)}
+    return out, eng.core
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_model_dir, drafter_dir):
+    return runner(tiny_model_dir, drafter_dir, 0), runner(tiny_model_dir, drafter_dir, K)
+
+
+def test_k0_loads_nothing_of_the_drafter(runners):
+    r0, r7 = runners
+    assert r0.drafter is None and r0.leases is None
+    assert r0.info().num_speculative_tokens == 0 and r0.info().num_leases == 0
+    assert r7.info().num_speculative_tokens == K and r7.info().num_leases == 4
+    assert r7.info().drafter_id.startswith("tiny-drafter@")
+    # the leases' memory comes out of the KV budget, not on top of it
+    assert LeasePool.bytes_needed(r7.drafter.config, 4, K, torch.float32) > 0
+
+
+def test_greedy_speculation_equals_plain_greedy(runners):
+    r0, r7 = runners
+    items = [(f"r{i}", p, SamplingParams(max_tokens=24 + i, ignore_eos=True))
+             for i, p in enumerate(prompts())]
+    plain, _ = generate(r0, items)
+    spec, core = generate(r7, items)
+    assert spec == plain
+    assert core.spec_totals.verify_steps > 0
+    assert core.load()["free_leases"] == 4 and core.load()["free_kv_blocks"] == 96
+
+
+def test_oracle_drafts_are_accepted_and_output_unchanged(runners, monkeypatch):
+    """Drafts = the target's true greedy continuation with every 4th slot corrupted:
+    long accepted runs, so committed drafts' KV and positions are exercised."""
+    r0, r7 = runners
+    items = [(f"r{i}", p, SamplingParams(max_tokens=30, ignore_eos=True))
+             for i, p in enumerate(prompts(3, seed=1))]
+    plain, _ = generate(r0, items)
+    full = {rid: p + plain[rid] for rid, p, _ in items}
+    real = r7.leases.draft
+
+    def oracle(leases, anchors, anchor_pos, params, use_markov=True):
+        out = real(leases, anchors, anchor_pos, params, use_markov)
+        for j, (a, pos) in enumerate(zip(anchors, anchor_pos)):
+            owner = r7.leases.owner[leases[j]]
+            seq = full[owner]
+            for s in range(K):
+                p = pos + 1 + s
+                tok = seq[p] if p < len(seq) else 5
+                out.tokens[j, s] = tok if (pos + s) % 4 else (tok + 1) % 97
+        return out
+
+    monkeypatch.setattr(r7.leases, "draft", oracle)
+    spec, core = generate(r7, items, max_num_seqs=3)
+    assert spec == plain
+    st = core.spec_totals
+    assert st.mean_accepted_length > 2.0 and st.num_accepted_tokens > 0
+
+
+def test_sampled_speculation_is_deterministic_per_seed(runners):
+    _, r7 = runners
+    items = [(f"r{i}", p, SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95,
+                                         seed=100 + i, ignore_eos=True))
+             for i, p in enumerate(prompts(4, seed=2))]
+    a, _ = generate(r7, items, max_num_seqs=4)
+    b, _ = generate(r7, items[::-1], max_num_seqs=2)  # other batches, same seeds
+    assert a == b
+
+
+def test_reused_lease_never_shows_the_previous_rows(runners):
+    _, r7 = runners
+    pool = r7.leases
+    pool.claim(0, "first")
+    pool.write(0, 0, torch.randn(5, 3 * 64))
+    assert int((pool.pos[0] >= 0).sum()) == 5
+    pool.claim(0, "second")
+    assert int((pool.pos[0] >= 0).sum()) == 0
+    pool.release("second")
+    assert pool.owner[0] is None
+
+
+def _chi2_sf(x: float, dof: int) -> float:
+    """Chi-square survival function (Wilson-Hilferty normal approximation)."""
+    z = ((x / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@torch.inference_mode()
+def test_sampled_speculation_follows_the_target_distribution(runners, tiny_model_dir):
+    """Lossless: the first two generated tokens over many seeds follow the target's
+    exact joint distribution (chi-square goodness of fit), drafts being accepted and
+    rejected along the way."""
+    _, r7 = runners
+    temp, n = 0.7, 1500
+    prompt = [11, 42, 7, 19, 64]
+    items = [(f"s{i}", prompt, SamplingParams(max_tokens=2, temperature=temp, seed=i,
+                                              ignore_eos=True)) for i in range(n)]
+    out, core = generate(r7, items, max_num_seqs=4)
+    assert core.spec_totals.num_accepted_tokens > 0  # some drafts were accepted
+    assert core.spec_totals.num_accepted_tokens < core.spec_totals.num_draft_tokens
+    # exact joint P(t1, t2) from the reference forward of the tiny model
+    cfg, w = load_weights(tiny_model_dir)
+    p1 = torch.softmax(dense_forward(cfg, w, prompt)[0][-1] / temp, -1)
+    logits2 = torch.stack([dense_forward(cfg, w, prompt + [t])[0][-1] for t in range(97)])
+    joint = p1[:, None] * torch.softmax(logits2 / temp, -1)  # [97, 97]
+    counts = torch.zeros(97, 97)
+    for toks in out.values():
+        counts[toks[0], toks[1]] += 1
+    exp = joint.flatten() * n
+    obs = counts.flatten()
+    big = exp >= 5
+    e = torch.cat([exp[big], exp[~big].sum().unsqueeze(0)])
+    o = torch.cat([obs[big], obs[~big].sum().unsqueeze(0)])
+    chi2 = float(((o - e) ** 2 / e).sum())
+    dof = int(big.sum())
+    assert _chi2_sf(chi2, dof) > 1e-3, (chi2, dof)
