@@ -31,10 +31,15 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
     start_http_server,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# No `*_created` series next to every counter and histogram: dashboards use
+# rate() over the _total / _count series (as vLLM does).
+disable_created_metrics()
 
 __all__ = ["CONTENT_TYPE_LATEST", "GrpcMetricsInterceptor", "RequestTimer", "RouterMetrics",
            "SchedulerMetrics", "ServiceMetrics", "WorkerMetrics", "start_metrics_server"]
