@@ -12,7 +12,7 @@ def main(args) -> int:
 
     from dspark.shared.config import WorkerConfig
     from dspark.worker.model.llama import load_llama
-    from dspark.worker.runner import model_fingerprint
+    from dspark.worker.runner import model_fingerprint, resolve_device
     from dspark.worker.training.selfgen import read_records
     from dspark.worker.training.train import TrainConfig, Trainer, heldout_tau
 
@@ -23,6 +23,11 @@ def main(args) -> int:
 
         prepare_default_model()
     model_dir = WorkerConfig(model=args.model).model_dir
+    try:  # an unavailable device is a one-line error, as in the services
+        device = resolve_device(args.device)
+    except (RuntimeError, ValueError) as e:
+        print(f"train-drafter: --device {args.device}: {e}", file=sys.stderr)
+        return 2
     data = Path(args.data)
     train_recs = list(read_records(data, "train"))
     held = list(read_records(data, "heldout"))
@@ -32,7 +37,7 @@ def main(args) -> int:
         return 1
     # The target runs in fp32 for training: on CPUs without AMX its prefill-sized
     # forwards are faster than bf16 ones, and the soft labels are exact.
-    llama = load_llama(model_dir, torch.float32, torch.device("cpu"), max_len=args.max_seq_len)
+    llama = load_llama(model_dir, torch.float32, device, max_len=args.max_seq_len)
     if args.text_tokens:
         from tokenizers import Tokenizer
 
@@ -60,9 +65,27 @@ def main(args) -> int:
                       eval_every_tokens=args.eval_every_tokens,
                       eval_anchors=args.eval_anchors,
                       drafter_overrides=_drafter_overrides(args))
+    init = None
+    if args.init_from and resume is None:
+        # Warm start: the weights of an existing drafter (for example the shipped one),
+        # a fresh optimizer and schedule, so CPU hours accumulate across runs even when
+        # a train state was lost.
+        from dspark.worker.model.drafter_ckpt import load_drafter
+
+        a = llama.args
+        init = load_drafter(args.init_from, dict(
+            model_id=model_fingerprint(model_dir), vocab_size=a.vocab_size,
+            hidden_size=a.hidden_size, num_layers=a.num_layers, dtype=torch.float32,
+            device=str(device)))
+        if cfg.drafter_overrides:
+            print("train-drafter: --init-from takes the architecture of the checkpoint; "
+                  f"drop {sorted(cfg.drafter_overrides)}", file=sys.stderr)
+            return 2
     print(f"[train] {len(train_recs)} training / {len(held)} held-out sequences from {data}; "
-          f"{'resuming from ' + str(out) if resume else 'fresh drafter'}", file=sys.stderr)
-    tr = Trainer(llama, model_fingerprint(model_dir), train_recs, cfg, resume_dir=resume)
+          f"{'resuming from ' + str(out) if resume else ('weights from ' + args.init_from) if init else 'fresh drafter'}",
+          file=sys.stderr)
+    tr = Trainer(llama, model_fingerprint(model_dir), train_recs, cfg, drafter=init,
+                 resume_dir=resume)
     if tr.drafter.draft_vocab is not None and held:
         vocab = set(tr.drafter.draft_vocab.tolist())
         toks = [t for r in held for t in r["output_ids"]]
@@ -104,6 +127,11 @@ def add_parser(sub) -> None:
     t.add_argument("--model", default="", help="target checkpoint (default: the default model)")
     t.add_argument("--resume", action=argparse_bool(), default=True,
                    help="continue from --out when it holds a train state (default: yes)")
+    t.add_argument("--init-from", default="",
+                   help="start from this drafter checkpoint's weights (fresh optimizer and "
+                        "schedule; ignored when resuming --out)")
+    t.add_argument("--device", default="cpu", choices=["cpu", "cuda", "npu"],
+                   help="where the target features and the drafter run (default cpu)")
     t.add_argument("--time-budget-min", type=float, default=0.0)
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)

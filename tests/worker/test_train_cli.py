@@ -1,0 +1,80 @@
+"""`dspark train-drafter` as a command: warm start from a checkpoint, device errors."""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dspark.shared.cli import main as dspark_main
+
+from .conftest import write_tiny_llama
+
+
+def _shard(data_dir, n: int = 6, seed: int = 0) -> None:
+    rnd = random.Random(seed)
+    data_dir.mkdir(parents=True)
+    with gzip.open(data_dir / "shard-0000.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i in range(n):
+            rec = {"id": f"p:{i}", "split": "heldout" if i == 0 else "train",
+                   "prompt_ids": [rnd.randrange(3, 97) for _ in range(12)],
+                   "output_ids": [rnd.randrange(3, 97) for _ in range(40)]}
+            f.write(json.dumps(rec) + "\n")
+
+
+def _args(model, data, out, *extra, arch: bool = True):
+    """Command line of a tiny run; arch=False leaves out the architecture flags."""
+    return ["train-drafter", "--model", str(model), "--data", str(data), "--out", str(out),
+            "--threads", "1", "--eval-anchors", "0", "--batch-anchors", "8",
+            *(["--tap-layer-ids", "0", "1", "2", "--draft-vocab-size", "0"] if arch else []),
+            *extra]
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    model = write_tiny_llama(tmp_path / "tiny")
+    _shard(tmp_path / "data")
+    return model, tmp_path / "data"
+
+
+def test_init_from_takes_the_weights_and_keeps_training(tiny, tmp_path):
+    model, data = tiny
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert dspark_main(_args(model, data, a, "--max-steps", "3")) == 0
+    base = load_file(str(a / "drafter.safetensors"))
+    # zero steps from the warm start: the same weights as the source checkpoint
+    assert dspark_main(_args(model, data, b, "--max-steps", "0", "--init-from", str(a),
+                             arch=False)) == 0
+    same = load_file(str(b / "drafter.safetensors"))
+    assert base.keys() == same.keys()
+    assert all(torch.equal(base[k], same[k]) for k in base)
+    # more steps from it move the weights (it trains, it does not restart fresh)
+    c = tmp_path / "c"
+    assert dspark_main(_args(model, data, c, "--max-steps", "2", "--init-from", str(a),
+                             arch=False)) == 0
+    moved = load_file(str(c / "drafter.safetensors"))
+    assert any(not torch.equal(base[k], moved[k]) for k in base)
+
+
+def test_init_from_refuses_architecture_flags(tiny, tmp_path, capsys):
+    model, data = tiny
+    a = tmp_path / "a"
+    assert dspark_main(_args(model, data, a, "--max-steps", "1")) == 0
+    rc = dspark_main(_args(model, data, tmp_path / "b", "--max-steps", "1",
+                           "--init-from", str(a)))
+    assert rc == 2
+    assert "--init-from takes the architecture" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_unavailable_device_is_a_clear_error(tiny, tmp_path, capsys):
+    model, data = tiny
+    rc = dspark_main(_args(model, data, tmp_path / "a", "--max-steps", "1",
+                           "--device", "cuda"))
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--device cuda" in err and "cuda" in err.lower()
+    assert not (tmp_path / "a").exists()
