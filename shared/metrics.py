@@ -11,7 +11,9 @@ users already have dashboards for, with our prefix:
 ``dspark_spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
 ``..._num_accepted_tokens_total``,
 ``..._num_accepted_tokens_per_pos_total{position}``, plus
-``dspark_spec_decode_num_fallback_steps_total``.
+``dspark_spec_decode_num_fallback_steps_total``, and
+``dspark_spec_decode_num_unverified_steps_total`` (ours: a step of a
+speculating request whose confidence-scheduled verify budget gave it no draft).
 
 Example (scheduler, once per request per verify step)::
 
@@ -202,11 +204,15 @@ class SchedulerMetrics(_RequestMetricsMixin, ServiceMetrics):
             "dspark_spec_decode_num_fallback_steps",
             "Steps decoded one token at a time (window past max_model_len, or speculation "
             "off for the request)", registry=r)
+        self.spec_unverified_steps = Counter(
+            "dspark_spec_decode_num_unverified_steps",
+            "Speculating requests' steps that verified no draft because the confidence-"
+            "scheduled verify budget left them none (one token committed)", registry=r)
         for k in range(num_speculative_tokens):
             self.spec_accepted_per_pos.labels(position=str(k))
 
     def record_spec_step(self, num_draft_tokens: int, num_accepted: int,
-                         fallback: bool = False) -> None:
+                         fallback: bool = False, unverified: bool = False) -> None:
         """One request's share of one verify step.
 
         Args:
@@ -215,12 +221,17 @@ class SchedulerMetrics(_RequestMetricsMixin, ServiceMetrics):
           num_accepted: drafts the target accepted, a prefix: positions
             0..num_accepted-1 (the bonus token is not a draft and not counted).
           fallback: the step decoded one token without drafts.
+          unverified: the request could speculate but the step's verify budget
+            (confidence-scheduled verification) gave it no draft row: one
+            token, counted apart from fallback steps.
         """
         if num_accepted < 0 or num_accepted > num_draft_tokens:
             raise ValueError(f"num_accepted={num_accepted} is invalid: must be in "
                              f"0..{max(num_draft_tokens, 0)} (num_draft_tokens)")
         if fallback:
             self.spec_fallback_steps.inc()
+        if unverified:
+            self.spec_unverified_steps.inc()
         if num_draft_tokens <= 0:
             return
         self.spec_num_drafts.inc()

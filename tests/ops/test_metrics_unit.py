@@ -31,6 +31,18 @@ def test_record_spec_step_counts_like_vllm():
     assert s[("dspark_spec_decode_num_fallback_steps_total", ())] == 1
 
 
+def test_unverified_steps_are_counted_apart_from_fallback_and_drafts():
+    m = SchedulerMetrics(num_speculative_tokens=7)
+    m.record_spec_step(0, 0, unverified=True)  # the verify budget gave it no draft row
+    m.record_spec_step(0, 0, unverified=True)
+    m.record_spec_step(2, 1)  # a budgeted step verifying 2 of its 7 drafts
+    s = samples(m)
+    assert s[("dspark_spec_decode_num_unverified_steps_total", ())] == 2
+    assert s[("dspark_spec_decode_num_fallback_steps_total", ())] == 0
+    assert s[("dspark_spec_decode_num_drafts_total", ())] == 1
+    assert s[("dspark_spec_decode_num_draft_tokens_total", ())] == 2
+
+
 def test_per_position_series_exist_before_traffic():
     s = samples(SchedulerMetrics(num_speculative_tokens=7))
     for k in range(7):
