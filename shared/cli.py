@@ -271,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dspark.worker.training.evaluate import add_parser as add_eval_parser
 
     add_eval_parser(sub, _datasets_dir())
+    from dspark.worker.training.probe_taps import add_parser as add_probe_parser
+
+    add_probe_parser(sub)
 
     b = sub.add_parser("bench", help="benchmark against transformers generate()")
     b.add_argument("--json", default=None, help="write the results here")
