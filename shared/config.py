@@ -84,7 +84,7 @@ class ServerOpsConfig:
     drain_timeout: float = 30.0  # seconds in-flight work may take after SIGTERM
     tls_cert: str = ""  # PEM certificate of this service; set = serve TLS only
     tls_key: str = ""  # PEM private key of tls_cert
-    tls_client_ca: str = ""  # PEM CA; set = mutual TLS: clients must show a cert it signed
+    tls_client_ca: str = ""  # PEM CA; set = mutual TLS (every port): clients show a cert it signed
 
     def __post_init__(self) -> None:
         _check(0 <= self.metrics_port < 65536, "metrics_port", self.metrics_port,
@@ -122,7 +122,7 @@ class PublicAPIConfig:
 
     http_port: int = 0  # OpenAI-compatible HTTP API on host:http_port; 0 = off
     api_keys_file: str = ""  # one key per line (or NAME KEY); set = keys required
-    rate_limit_rps: float = 0.0  # requests/s per API key; 0 = unlimited
+    rate_limit_rps: float = 0.0  # requests/s per API key (no keys: per client IP); 0 = unlimited
     rate_limit_burst: int = 0  # bucket size; 0 = max(1, rate_limit_rps)
     max_request_bytes: int = 4 * 1024 * 1024  # one HTTP body / gRPC message
 

@@ -3,8 +3,10 @@
 Each service process builds one metric set (:class:`RouterMetrics`,
 :class:`SchedulerMetrics`, :class:`WorkerMetrics`) on its own
 ``CollectorRegistry`` (so several sets can live in one test process) and
-serves it with :func:`start_metrics_server` on ``--metrics-port``. The router
-also serves it at ``/metrics`` of its HTTP API.
+serves it on ``--metrics-port`` with
+:func:`dspark.shared.metrics_server.start_metrics_server` (with the TLS of the
+service's gRPC port, mutual included). The router also serves it at
+``/metrics`` of its HTTP API.
 
 Names: ``dspark_<service>_...``; the speculation counters use the names vLLM
 users already have dashboards for, with our prefix:
@@ -23,7 +25,6 @@ Example (scheduler, once per request per verify step)::
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Mapping
 
@@ -35,7 +36,6 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
     generate_latest,
-    start_http_server,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -44,7 +44,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 disable_created_metrics()
 
 __all__ = ["CONTENT_TYPE_LATEST", "GrpcMetricsInterceptor", "RequestTimer", "RouterMetrics",
-           "SchedulerMetrics", "ServiceMetrics", "WorkerMetrics", "start_metrics_server"]
+           "SchedulerMetrics", "ServiceMetrics", "WorkerMetrics"]
 
 # Seconds. TTFT includes queueing and prefill; ITL is one decode step on CPU
 # (tens of ms) up to a preempted request's wait.
@@ -340,25 +340,3 @@ class GrpcMetricsInterceptor(grpc.aio.ServerInterceptor):
 
             return grpc.unary_stream_rpc_method_handler(stream, **kw)
         return handler
-
-
-def start_metrics_server(metrics: ServiceMetrics, host: str, port: int, *,
-                         certfile: str = "", keyfile: str = "") -> "MetricsServer":
-    """Serve ``metrics`` at http(s)://host:port/metrics on a daemon thread."""
-    kw = {}
-    if certfile:
-        kw = dict(certfile=certfile, keyfile=keyfile)
-    server, thread = start_http_server(port, addr=host, registry=metrics.registry, **kw)
-    return MetricsServer(server, thread)
-
-
-class MetricsServer:
-    """A running metrics HTTP server; :meth:`stop` shuts it down."""
-
-    def __init__(self, server, thread: threading.Thread) -> None:
-        self._server, self._thread = server, thread
-        self.port = server.server_address[1]
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()

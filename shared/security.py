@@ -1,4 +1,4 @@
-"""TLS credentials, API keys and per-key rate limits.
+"""TLS credentials, API keys and the rate limit of the public API.
 
 - :class:`ServerTLS` / :class:`ClientTLS`: certificate files -> gRPC
   credentials and ``ssl.SSLContext`` (server side: optional mutual TLS, i.e.
@@ -8,7 +8,9 @@
   metrics). A presented key is compared with every configured key in constant
   time (``hmac.compare_digest``), and keys are never logged: a key is named by
   its NAME or by ``key-<first 8 hex of its sha256>``.
-- :class:`RateLimiter`: a token bucket per key name.
+- :class:`Gate`: key check, rate limit (``dspark.shared.ratelimit``: a token
+  bucket per key, or per client address without keys) and per-key request
+  size, shared by the gRPC and HTTP front doors.
 - :class:`AuthInterceptor`: API key and rate limit on the router's gRPC API
   (``authorization: Bearer KEY`` metadata); health and reflection stay open.
 """
@@ -17,19 +19,22 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ssl
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from dspark.shared.errors import InvalidArgument, ResourceExhausted, Unauthenticated
+from dspark.shared.errors import InvalidArgument, Unauthenticated
 from dspark.shared.logging import get_logger
+from dspark.shared.ratelimit import (  # RateLimiter, RateLimited: importable from here too
+    ANONYMOUS,
+    RateLimited,
+    RateLimiter,
+    bucket_of,
+    grpc_peer_address,
+)
 
 log = get_logger(component="security")
-
-ANONYMOUS = "anonymous"
 
 
 def _read(path: str, field: str) -> bytes:
@@ -233,56 +238,10 @@ def bearer_token(header: str | None) -> str | None:
     return token.strip()
 
 
-# -- rate limits ------------------------------------------------------------------
-
-
-class RateLimiter:
-    """A token bucket per key name: ``rate`` requests/s, bursts of ``burst``.
-    ``rate`` 0 disables it. Thread-safe."""
-
-    def __init__(self, rate: float, burst: int = 0) -> None:
-        self.rate = float(rate)
-        self.burst = float(burst or max(1, int(rate)))
-        self._buckets: dict[str, tuple[float, float]] = {}  # name -> (tokens, at)
-        self._lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        """Whether a default rate limit is set (keys may have their own)."""
-        return self.rate > 0
-
-    def acquire(self, name: str, now: float | None = None, rate: float | None = None,
-                burst: int | None = None) -> float:
-        """Take one request from ``name``'s bucket: 0.0 when allowed, else the
-        seconds until one would be. ``rate`` / ``burst`` override the
-        defaults for this key (rate 0 = unlimited)."""
-        rate = self.rate if rate is None else float(rate)
-        if rate <= 0:
-            return 0.0
-        cap = float(burst) if burst else (self.burst if rate == self.rate else max(1.0, int(rate)))
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            tokens, at = self._buckets.get(name, (cap, now))
-            tokens = min(cap, tokens + (now - at) * rate)
-            if tokens >= 1.0:
-                self._buckets[name] = (tokens - 1.0, now)
-                return 0.0
-            self._buckets[name] = (tokens, now)
-            return (1.0 - tokens) / rate
-
-
-class RateLimited(ResourceExhausted):
-    """Too many requests for one key; ``retry_after`` seconds."""
-
-    def __init__(self, name: str, rate: float, retry_after: float) -> None:
-        super().__init__(f"rate limit exceeded: at most {rate:g} requests/s per API key "
-                         f"(rate_limit_rps); retry in {retry_after:.2f}s")
-        self.retry_after = retry_after
-
-
 class Gate:
     """API key check + rate limit + per-key request size, shared by the gRPC
-    and HTTP front doors."""
+    and HTTP front doors. The rate limit is per key with API keys, per client
+    address (``peer``) without."""
 
     def __init__(self, keys: ApiKeys | None, limiter: RateLimiter,
                  max_request_bytes: int = 0) -> None:
@@ -293,20 +252,31 @@ class Gate:
     def limits(self, name: str) -> KeyLimits:
         return self.keys.limits.get(name, KeyLimits()) if self.keys is not None else KeyLimits()
 
-    def admit(self, presented: str | None, *, limited: bool = True) -> str:
-        """The caller's key name; raises Unauthenticated / RateLimited."""
+    def authenticate(self, presented: str | None) -> str:
+        """The caller's key name (ANONYMOUS without keys); raises Unauthenticated."""
         if self.keys is None:
-            name = ANONYMOUS
-        else:
-            name = self.keys.match(presented)
-            if name is None:
-                raise Unauthenticated("missing API key (send 'Authorization: Bearer KEY')"
-                                      if not presented else "invalid API key")
+            return ANONYMOUS
+        name = self.keys.match(presented)
+        if name is None:
+            raise Unauthenticated("missing API key (send 'Authorization: Bearer KEY')"
+                                  if not presented else "invalid API key")
+        return name
+
+    def throttle(self, name: str, peer: str = "") -> None:
+        """Take one request from the caller's bucket (its key ``name``, or
+        its client address ``peer`` without keys); raises RateLimited."""
+        lim = self.limits(name)
+        keyed = self.keys is not None
+        wait = self.limiter.acquire(bucket_of(name, keyed, peer), rate=lim.rps, burst=lim.burst)
+        if wait > 0:
+            raise RateLimited(name, self.limiter.rate if lim.rps is None else lim.rps, wait,
+                              per="API key" if keyed else "client address")
+
+    def admit(self, presented: str | None, *, limited: bool = True, peer: str = "") -> str:
+        """The caller's key name; raises Unauthenticated / RateLimited."""
+        name = self.authenticate(presented)
         if limited:
-            lim = self.limits(name)
-            wait = self.limiter.acquire(name, rate=lim.rps, burst=lim.burst)
-            if wait > 0:
-                raise RateLimited(name, self.limiter.rate if lim.rps is None else lim.rps, wait)
+            self.throttle(name, peer)
         return name
 
     def max_bytes(self, name: str) -> int:
@@ -365,32 +335,41 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         token = bearer_token(md.get("authorization"))
         method = details.method.rsplit("/", 1)[-1]
         try:
-            name = self.gate.admit(token, limited=method in self.limited)
+            name = self.gate.authenticate(token)
         except Unauthenticated as e:
             log.info("rpc_unauthenticated", method=method)  # never the key
             if self.on_reject:
                 self.on_reject("unauthenticated")
             return _abort_handler(handler, grpc.StatusCode.UNAUTHENTICATED, str(e))
-        except RateLimited as e:
-            if self.on_reject:
-                self.on_reject("rate_limited")
-            return _abort_handler(handler, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        if self.gate.keys is not None and self.gate.limits(name).max_request_bytes is not None:
-            return _size_checked(handler, self.gate, name)
-        return handler
+        limited = method in self.limited
+        sized = self.gate.keys is not None and self.gate.limits(name).max_request_bytes is not None
+        if not (limited or sized):
+            return handler
+        return _admitted(handler, self.gate, name, limited=limited, sized=sized,
+                         on_reject=self.on_reject)
 
 
-def _size_checked(handler, gate: Gate, name: str):
-    """The handler, refusing requests over the key's own max_request_bytes
-    (the server-wide limit is gRPC's max_receive_message_length)."""
+def _admitted(handler, gate: Gate, name: str, *, limited: bool, sized: bool, on_reject=None):
+    """The handler behind the rate limit (the bucket of the key, or of the
+    peer's address: known only here, from the call's context) and the key's
+    own max_request_bytes (the server-wide limit is gRPC's
+    max_receive_message_length)."""
     kw = dict(request_deserializer=handler.request_deserializer,
               response_serializer=handler.response_serializer)
 
     async def check(req, ctx) -> None:
-        try:
-            gate.check_size(name, req.ByteSize())
-        except RequestTooLarge as e:
-            await ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if limited:
+            try:
+                gate.throttle(name, grpc_peer_address(ctx.peer()))
+            except RateLimited as e:
+                if on_reject:
+                    on_reject("rate_limited")
+                await ctx.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        if sized:
+            try:
+                gate.check_size(name, req.ByteSize())
+            except RequestTooLarge as e:
+                await ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     if handler.unary_stream:
         inner_s = handler.unary_stream

@@ -99,8 +99,9 @@ class Service:
     the service's full name), reflection, error mapping, graceful stop.
 
     Optional: ``tls`` (a ``dspark.shared.security.ServerTLS``: TLS only, mutual
-    when it has a client CA), ``metrics`` (a ``dspark.shared.metrics``
-    set: gRPC calls are counted; served on ``metrics_port`` when > 0),
+    when it has a client CA; the metrics port follows it), ``metrics`` (a
+    ``dspark.shared.metrics`` set: gRPC calls are counted; served on
+    ``metrics_port`` when > 0),
     extra ``interceptors`` (run before the error mapping) and server
     ``options`` (default GRPC_OPTIONS).
     """
@@ -148,13 +149,11 @@ class Service:
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.set_ready(False)
         if self.metrics is not None and self.metrics_port:
-            from dspark.shared.metrics import start_metrics_server
+            from dspark.shared.metrics_server import start_metrics_server
 
-            tls = self.tls
-            try:
+            try:  # the gRPC port's TLS: mutual there = a client certificate here too
                 self._metrics_server = start_metrics_server(
-                    self.metrics, self.host, self.metrics_port,
-                    certfile=tls.cert if tls else "", keyfile=tls.key if tls else "")
+                    self.metrics, self.host, self.metrics_port, tls=self.tls)
             except OSError as e:
                 await self.server.stop(0)
                 raise RuntimeError(f"cannot bind metrics port {self.host}:{self.metrics_port}: "

@@ -23,12 +23,14 @@ drain; ``terminationGracePeriodSeconds`` = preStop + drain timeout + margin.
 
 With ``--tls-secret`` (a Secret holding ``ca.crt``, ``tls.crt``, ``tls.key``,
 as cert-manager writes them) every hop uses TLS, mutual between router,
-scheduler and worker, and the HTTP API and metrics are served over TLS. The
-certificate must name every Service it is reached by: dspark-router,
-dspark-scheduler-i, dspark-worker-i (subject alternative names). The
-kubelet's gRPC probes cannot speak TLS, so the probes become exec probes
-running ``dspark health`` with the same certificates. ``--api-keys-secret``
-mounts a Secret with ``api-keys.txt`` on the router and requires the keys.
+scheduler and worker, and the HTTP API and metrics are served over TLS (the
+schedulers' and workers' metrics ports are mutual too: scrape them with a
+certificate of the CA). The certificate must name every Service it is
+reached by: dspark-router, dspark-scheduler-i, dspark-worker-i (subject
+alternative names). The kubelet's gRPC probes cannot speak TLS, so the
+probes become exec probes running ``dspark health`` with the same
+certificates. ``--api-keys-secret`` mounts a Secret with ``api-keys.txt``
+on the router and requires the keys.
 
 Only the standard library and PyYAML.
 """

@@ -5,7 +5,9 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or
 server-sent events with ``"stream": true``), ``GET /v1/models``, ``GET
 /health`` (200 when ready, 503 otherwise), ``GET /metrics`` (Prometheus).
 ``/v1/*`` need ``Authorization: Bearer KEY`` when API keys are configured;
-``/health`` and ``/metrics`` are open (probes, scrapers). Errors use OpenAI's
+``/health`` and ``/metrics`` are open (probes, scrapers). The rate limit is
+per API key, or per client address (the TCP peer, never a forwarded-for
+header) without keys. Errors use OpenAI's
 error JSON with the HTTP status of the error (400, 401, 404, 413, 429, 503).
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from aiohttp import web
 from dspark.router import openai_protocol as oa
 from dspark.shared import errors
 from dspark.shared.logging import get_logger
+from dspark.shared.ratelimit import client_address
 from dspark.shared.security import Gate, bearer_token
 
 log = get_logger(component="router.http")
@@ -112,8 +115,8 @@ class OpenAIApi:
 
     def _admit(self, request: web.Request, limited: bool) -> str:
         token = bearer_token(request.headers.get("Authorization"))
-        try:
-            return self.gate.admit(token, limited=limited)
+        try:  # without API keys the rate limit is per client address (the TCP peer's)
+            return self.gate.admit(token, limited=limited, peer=client_address(request.remote))
         except errors.DSparkError as e:
             if self.metrics is not None:
                 outcome = ("unauthenticated" if isinstance(e, errors.Unauthenticated)

@@ -199,10 +199,28 @@ def test_http_refuses_plaintext_and_unknown_ca(secure):
 
 
 def test_metrics_served_over_tls(secure):
-    with httpx.Client(verify=ssl.create_default_context(cafile=secure.pki.ca)) as h:
-        for name, addr in secure.metrics.items():
+    """Every metrics port serves TLS; those of the schedulers and workers
+    (mutual TLS, --tls-client-ca) refuse a scrape without a client
+    certificate of the CA, as their gRPC ports do; the router's (server TLS
+    only) does not ask for one."""
+    pki = secure.pki
+    good = ClientTLS(pki.ca, pki.client_cert, pki.client_key).ssl_context()
+    anonymous = ClientTLS(pki.ca).ssl_context()
+    rogue = ClientTLS(pki.ca, pki.rogue_client_cert, pki.rogue_client_key).ssl_context()
+    assert set(secure.metrics) == {"router", "scheduler-0", "worker-0", "scheduler-1",
+                                   "worker-1"}
+    for name, addr in secure.metrics.items():
+        with httpx.Client(verify=good) as h:
             r = h.get(f"https://{addr}/metrics", timeout=10)
             assert r.status_code == 200 and "_ready 1.0" in r.text, name
+        if name == "router":
+            with httpx.Client(verify=anonymous) as h:
+                assert h.get(f"https://{addr}/metrics", timeout=10).status_code == 200
+            continue
+        for bad in (anonymous, rogue):
+            with httpx.Client(verify=bad) as h:
+                with pytest.raises(httpx.HTTPError):
+                    h.get(f"https://{addr}/metrics", timeout=10)
 
 
 def test_rate_limit_per_key(secure):
