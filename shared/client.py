@@ -76,7 +76,8 @@ class Chunk:
     request_id: str
     # the last chunk, when return_spec_summary=True and the server speculates:
     # verify_steps, num_draft_tokens, num_accepted_tokens, mean_accepted_length,
-    # per_position_acceptance, fallback_steps, num_speculative_tokens
+    # per_position_acceptance, fallback_steps, num_speculative_tokens, unverified_steps
+    # (confidence-scheduled verification), verified_per_position, accepted_per_position
     spec_summary: dict | None = None
 
 
@@ -165,7 +166,10 @@ def _chunk(resp: router_pb2.GenerateResponse) -> Chunk:
                 "mean_accepted_length": m.mean_accepted_length,
                 "per_position_acceptance": list(m.per_position_acceptance),
                 "fallback_steps": m.fallback_steps,
-                "num_speculative_tokens": m.num_speculative_tokens}
+                "num_speculative_tokens": m.num_speculative_tokens,
+                "unverified_steps": m.unverified_steps,
+                "verified_per_position": list(m.verified_per_position),
+                "accepted_per_position": list(m.accepted_per_position)}
     return Chunk(text=resp.text, token_ids=tuple(resp.token_ids), finish_reason=finish,
                  usage=usage, request_id=resp.request_id, spec_summary=spec)
 

@@ -35,19 +35,45 @@ def shipped_drafter_dir(model_name: str) -> Path:
     return REPO_ROOT / "drafters" / model_name
 
 
-def parse_speculative_config(text: str) -> tuple[int, str]:
-    """``{"method": "dspark", "num_speculative_tokens": K[, "model": DIR]}`` ->
-    (K, drafter dir or ""). K in 0..7; anything else is a ValueError naming the field."""
+# How the scheduler sizes verification (speculative_config "verify"): "fixed" verifies
+# every draft; "confidence" gives each step a verify budget from the drafter's
+# confidences and the worker's measured forward cost (DSPARK.md section 4).
+VERIFY_POLICIES = ("fixed", "confidence")
+# The policy of speculative_config "auto" (chosen by measurement, see README).
+AUTO_VERIFY_POLICY = "confidence"
+
+
+def _speculative_dict(text: str) -> dict:
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"speculative_config={text!r} is invalid: not JSON ({e})") from None
     if not isinstance(d, dict):
         raise ValueError(f"speculative_config={text!r} is invalid: must be a JSON object")
-    unknown = sorted(set(d) - {"method", "num_speculative_tokens", "model"})
+    return d
+
+
+def parse_verify_policy(text: str) -> str:
+    """The "verify" key of a speculative config: "fixed" (the default when absent) or
+    "confidence"; "auto" -> AUTO_VERIFY_POLICY."""
+    if text == "auto":
+        return AUTO_VERIFY_POLICY
+    v = _speculative_dict(text).get("verify", "fixed")
+    if v not in VERIFY_POLICIES:
+        raise ValueError(f"speculative_config.verify={v!r} is invalid: must be one of "
+                         f"{', '.join(VERIFY_POLICIES)}")
+    return v
+
+
+def parse_speculative_config(text: str) -> tuple[int, str]:
+    """``{"method": "dspark", "num_speculative_tokens": K[, "model": DIR][, "verify":
+    "fixed"|"confidence"]}`` -> (K, drafter dir or ""). K in 0..7; anything else is a
+    ValueError naming the field (``parse_verify_policy`` reads "verify")."""
+    d = _speculative_dict(text)
+    unknown = sorted(set(d) - {"method", "num_speculative_tokens", "model", "verify"})
     if unknown:
         raise ValueError(f"speculative_config has unknown keys {unknown}: allowed are "
-                         "method, num_speculative_tokens, model")
+                         "method, num_speculative_tokens, model, verify")
     if d.get("method", "dspark") != "dspark":
         raise ValueError(f"speculative_config.method={d.get('method')!r} is invalid: "
                          "must be \"dspark\"")
@@ -152,8 +178,10 @@ class WorkerConfig(ServerOpsConfig):
     port: int = DEFAULT_WORKER_PORT
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
     # "auto": K = 7 with the shipped drafter when serving the default model and it
-    # is present, else no speculation; or JSON {"method": "dspark",
-    # "num_speculative_tokens": K} with K in 0..7 (0 = the drafter is not loaded).
+    # is present (verify: AUTO_VERIFY_POLICY), else no speculation; or JSON
+    # {"method": "dspark", "num_speculative_tokens": K[, "verify": "fixed" |
+    # "confidence"]} with K in 0..7 (0 = the drafter is not loaded; verify
+    # defaults to "fixed").
     speculative_config: str = "auto"
     drafter: str = ""  # drafter checkpoint dir ("" = the shipped one for the model)
     num_leases: int = 64  # drafter leases (requests speculating at once)
@@ -161,6 +189,7 @@ class WorkerConfig(ServerOpsConfig):
     def __post_init__(self) -> None:
         if self.speculative_config != "auto":
             parse_speculative_config(self.speculative_config)
+            parse_verify_policy(self.speculative_config)
         _check(self.num_leases >= 1, "num_leases", self.num_leases, ">= 1")
         _check(self.dtype in ("auto", "bfloat16", "float32"), "dtype", self.dtype,
                "one of auto, bfloat16, float32")
@@ -179,6 +208,10 @@ class WorkerConfig(ServerOpsConfig):
     @property
     def model_dir(self) -> Path:
         return Path(self.model) if self.model else default_model_dir()
+
+    def verify_policy(self) -> str:
+        """"fixed" or "confidence" (meaningful when speculation() gives K > 0)."""
+        return parse_verify_policy(self.speculative_config)
 
     def speculation(self) -> tuple[int, Path | None]:
         """(K, drafter dir): K = 0 and None when nothing of the drafter is loaded."""

@@ -11,6 +11,7 @@ from dspark.shared.types import (
     SamplingParams,
     SeqOutput,
     SeqStep,
+    SpsProfile,
     StepOutput,
     StepPlan,
     WorkerInfo,
@@ -51,7 +52,7 @@ def finish_to_pb(r: FinishReason) -> int:
 
 def step_to_pb(plan: StepPlan) -> worker_pb2.StepRequest:
     return worker_pb2.StepRequest(
-        step_id=plan.step_id,
+        step_id=plan.step_id, verify_budget=plan.verify_budget,
         seqs=[
             worker_pb2.SeqStep(
                 request_id=s.request_id, token_ids=s.token_ids,
@@ -69,6 +70,7 @@ def step_to_pb(plan: StepPlan) -> worker_pb2.StepRequest:
 def step_from_pb(m: worker_pb2.StepRequest) -> StepPlan:
     return StepPlan(
         step_id=m.step_id,
+        verify_budget=m.verify_budget if m.HasField("verify_budget") else None,
         seqs=[
             SeqStep(
                 request_id=s.request_id, token_ids=list(s.token_ids),
@@ -129,16 +131,33 @@ def step_output_from_pb(m: worker_pb2.StepResponse) -> StepOutput:
     )
 
 
+def sps_profile_to_pb(p: SpsProfile) -> worker_pb2.SpsProfile:
+    return worker_pb2.SpsProfile(rows=list(p.rows), forward_ms=list(p.forward_ms),
+                                 draft_fixed_ms=p.draft_fixed_ms,
+                                 draft_per_request_ms=p.draft_per_request_ms)
+
+
+def sps_profile_from_pb(m: worker_pb2.SpsProfile) -> SpsProfile | None:
+    if not m.rows:
+        return None
+    return SpsProfile(rows=tuple(m.rows), forward_ms=tuple(m.forward_ms),
+                      draft_fixed_ms=m.draft_fixed_ms,
+                      draft_per_request_ms=m.draft_per_request_ms)
+
+
 def info_to_pb(i: WorkerInfo) -> worker_pb2.InfoResponse:
-    return worker_pb2.InfoResponse(
+    m = worker_pb2.InfoResponse(
         model_name=i.model_name, model_id=i.model_id, vocab_size=i.vocab_size,
         hidden_size=i.hidden_size, num_layers=i.num_layers, num_kv_blocks=i.num_kv_blocks,
         block_size=i.block_size, max_model_len=i.max_model_len,
         eos_token_ids=list(i.eos_token_ids), dtype=i.dtype, device=i.device,
         tap_layer_ids=list(i.tap_layer_ids),
         num_speculative_tokens=i.num_speculative_tokens, num_leases=i.num_leases,
-        drafter_id=i.drafter_id,
+        drafter_id=i.drafter_id, verify_policy=i.verify_policy if i.num_speculative_tokens else "",
     )
+    if i.sps_profile is not None:
+        m.sps_profile.CopyFrom(sps_profile_to_pb(i.sps_profile))
+    return m
 
 
 def info_from_pb(m: worker_pb2.InfoResponse) -> WorkerInfo:
@@ -149,7 +168,8 @@ def info_from_pb(m: worker_pb2.InfoResponse) -> WorkerInfo:
         eos_token_ids=tuple(m.eos_token_ids), dtype=m.dtype, device=m.device,
         tap_layer_ids=tuple(m.tap_layer_ids),
         num_speculative_tokens=m.num_speculative_tokens, num_leases=m.num_leases,
-        drafter_id=m.drafter_id,
+        drafter_id=m.drafter_id, verify_policy=m.verify_policy or "fixed",
+        sps_profile=sps_profile_from_pb(m.sps_profile),
     )
 
 
@@ -159,4 +179,13 @@ def spec_summary_to_pb(s) -> common_pb2.SpecSummary:
         num_accepted_tokens=s.num_accepted_tokens,
         mean_accepted_length=s.mean_accepted_length,
         per_position_acceptance=s.per_position_acceptance,
-        fallback_steps=s.fallback_steps, num_speculative_tokens=s.num_speculative_tokens)
+        fallback_steps=s.fallback_steps, num_speculative_tokens=s.num_speculative_tokens,
+        unverified_steps=s.unverified_steps,
+        verified_per_position=_verified_per_pos(s),
+        accepted_per_position=list(s.accepted_per_pos))
+
+
+def _verified_per_pos(s) -> list[int]:
+    if s.verified_per_pos:
+        return list(s.verified_per_pos)
+    return [s.verify_steps, *s.accepted_per_pos[:-1]][:len(s.accepted_per_pos)]

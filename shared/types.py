@@ -65,6 +65,10 @@ class StepPlan:
 
     step_id: int
     seqs: list[SeqStep]
+    # Confidence-scheduled verification: verify at most this many draft rows over the
+    # step's speculating seqs, the top candidates by cumulative confidence (see
+    # protos/dspark/v1/worker.proto StepRequest.verify_budget). None = verify all.
+    verify_budget: int | None = None
 
 
 @dataclass
@@ -77,8 +81,9 @@ class SeqOutput:
     num_tap_rows: int = 0
     # [num_tap_rows, num_tap_layers * hidden] as a numpy array, when asked for
     tap_rows: object | None = None
-    # Speculative verify results (num_speculative_tokens > 0), see shared/acceptance.py:
-    # K drafts, K+1 target tokens, K q/p values, K residual samples, K confidences.
+    # Speculative verify results (num_speculative_tokens = K > 0), see
+    # shared/acceptance.py: L verified drafts (L = K, or 0..K under a verify budget),
+    # L+1 target tokens, L q/p values, L residual samples; K confidences (every draft).
     draft_tokens: list[int] = field(default_factory=list)
     target_tokens: list[int] = field(default_factory=list)
     q_draft: list[float] = field(default_factory=list)
@@ -100,6 +105,44 @@ class StepOutput:
 
 
 @dataclass(frozen=True)
+class SpsProfile:
+    """A worker's measured costs (proto SpsProfile): forward wall time over B rows
+    on a grid, and drafting as fixed + per drafted request, all in milliseconds."""
+
+    rows: tuple[int, ...]
+    forward_ms: tuple[float, ...]
+    draft_fixed_ms: float = 0.0
+    draft_per_request_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.rows or len(self.rows) != len(self.forward_ms):
+            raise ValueError(f"SpsProfile: rows {self.rows} and forward_ms "
+                             f"{self.forward_ms} must be non-empty and of equal length")
+        if any(b <= a for a, b in zip(self.rows, self.rows[1:])) or self.rows[0] < 1:
+            raise ValueError(f"SpsProfile: rows {self.rows} must be ascending, >= 1")
+
+    def forward(self, rows: int) -> float:
+        """Forward ms for ``rows`` rows: linear between grid points, linear
+        extrapolation (never decreasing) past the ends."""
+        xs, ys = self.rows, self.forward_ms
+        if len(xs) == 1:
+            return ys[0] * max(rows, 1) / xs[0] if rows > xs[0] else ys[0]
+        i = 1
+        while i < len(xs) - 1 and rows > xs[i]:
+            i += 1
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        slope = max(0.0, (y1 - y0) / (x1 - x0))
+        if rows <= x0:  # below the grid: flat
+            return y0
+        return y0 + slope * (rows - x0)
+
+    def step(self, rows: int, drafting: int) -> float:
+        """Step ms: forward over ``rows`` rows plus drafting for ``drafting`` requests."""
+        draft = self.draft_fixed_ms + drafting * self.draft_per_request_ms if drafting else 0.0
+        return self.forward(rows) + draft
+
+
+@dataclass(frozen=True)
 class WorkerInfo:
     """What a worker reports about its model and capacity."""
 
@@ -118,6 +161,8 @@ class WorkerInfo:
     num_speculative_tokens: int = 0  # K the worker drafts (0 = no drafter)
     num_leases: int = 0  # drafter leases (rings) the worker holds
     drafter_id: str = ""  # the loaded drafter checkpoint (name and content id)
+    verify_policy: str = "fixed"  # "fixed" | "confidence" (how the scheduler verifies)
+    sps_profile: SpsProfile | None = None  # measured at start-up when K > 0
 
 
 @dataclass
@@ -125,12 +170,18 @@ class SpecSummary:
     """Speculation statistics of one request (proto SpecSummary)."""
 
     num_speculative_tokens: int = 0
-    verify_steps: int = 0
-    num_draft_tokens: int = 0
+    verify_steps: int = 0  # steps that verified at least one draft
+    num_draft_tokens: int = 0  # drafts verified
     num_accepted_tokens: int = 0
     fallback_steps: int = 0
+    # steps of a speculating request left without drafts by the verify budget
+    unverified_steps: int = 0
     # accepted_per_pos[k]: verify steps whose drafts 1..k+1 were all accepted
     accepted_per_pos: list[int] = field(default_factory=list)
+    # verified_per_pos[k]: verify steps that judged draft k+1 (drafts 1..k accepted
+    # and draft k+1 verified); empty = every step verified all K (then it is
+    # verify_steps for k = 0 and accepted_per_pos[k-1] after)
+    verified_per_pos: list[int] = field(default_factory=list)
     committed_in_verify: int = 0  # tokens committed by verify steps (bonus included)
 
     @property
@@ -139,7 +190,10 @@ class SpecSummary:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """P(position k accepted | positions < k accepted), k = 1..K."""
+        """P(position k accepted | positions < k accepted and k verified), k = 1..K."""
+        if self.verified_per_pos:
+            return [a / v if v else 0.0
+                    for a, v in zip(self.accepted_per_pos, self.verified_per_pos)]
         out, reached = [], self.verify_steps
         for n in self.accepted_per_pos:
             out.append(n / reached if reached else 0.0)

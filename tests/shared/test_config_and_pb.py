@@ -88,3 +88,42 @@ def test_serve_passes_worker_options_through():
     assert flags == ["--dtype", "float32", "--num-kv-blocks", "128", "--tap-layer-ids", "4", "9"]
     cfg = config_from_args(WorkerConfig, build_parser().parse_args(["worker", *flags]))
     assert (cfg.dtype, cfg.num_kv_blocks, cfg.tap_layer_ids) == ("float32", 128, (4, 9))
+
+
+def test_speculative_config_verify_policy():
+    import json
+
+    from dspark.shared.config import AUTO_VERIFY_POLICY
+
+    def spec(**kw):
+        return json.dumps({"method": "dspark", "num_speculative_tokens": 7, **kw})
+
+    assert WorkerConfig(speculative_config=spec()).verify_policy() == "fixed"
+    assert WorkerConfig(speculative_config=spec(verify="confidence")).verify_policy() == \
+        "confidence"
+    assert WorkerConfig().verify_policy() == AUTO_VERIFY_POLICY  # "auto"
+    with pytest.raises(ValueError, match=r"speculative_config.verify='sometimes' is invalid"):
+        WorkerConfig(speculative_config=spec(verify="sometimes"))
+
+
+def test_verify_budget_spec_summary_and_profile_round_trip():
+    from dspark.shared.types import SpecSummary, SpsProfile
+
+    for budget in (None, 0, 5):  # 0 is a budget, not "unset"
+        plan = StepPlan(step_id=3, seqs=[SeqStep("a", [1], 9, [0], True, lease_id=2,
+                                                 num_speculative_tokens=7)],
+                        verify_budget=budget)
+        assert pb.step_from_pb(pb.step_to_pb(plan)) == plan
+    prof = SpsProfile(rows=(1, 8, 32), forward_ms=(30.0, 32.0, 45.0), draft_fixed_ms=9.0,
+                      draft_per_request_ms=1.0)
+    info = WorkerInfo("m", "id", 100, 8, 2, 64, 16, 512, (2, 3), "float32", "cpu", (0, 1),
+                      num_speculative_tokens=7, num_leases=4, verify_policy="confidence",
+                      sps_profile=prof)
+    assert pb.info_from_pb(pb.info_to_pb(info)) == info
+    s = SpecSummary(num_speculative_tokens=3, verify_steps=4, num_draft_tokens=7,
+                    num_accepted_tokens=3, unverified_steps=2, accepted_per_pos=[2, 1, 0],
+                    verified_per_pos=[4, 2, 1], committed_in_verify=7)
+    m = pb.spec_summary_to_pb(s)
+    assert m.unverified_steps == 2 and list(m.verified_per_position) == [4, 2, 1]
+    assert list(m.accepted_per_position) == [2, 1, 0]
+    assert list(m.per_position_acceptance) == pytest.approx([0.5, 0.5, 0.0])
