@@ -85,7 +85,9 @@ class Engine:
         self.accepting = True
         self._task = asyncio.create_task(self._loop(), name="engine-loop")
         log.info("engine_started", worker=self.config.worker, model=self.info.model_name,
-                 kv_blocks=self.info.num_kv_blocks, max_model_len=self.info.max_model_len)
+                 kv_blocks=self.info.num_kv_blocks, max_model_len=self.info.max_model_len,
+                 num_speculative_tokens=self.core.num_spec,
+                 verify_policy=self.core.verify_policy if self.core.num_spec else None)
 
     async def drain(self) -> None:
         """Stop admitting and wait until every request has finished."""
@@ -197,8 +199,8 @@ class Engine:
         outs = self.core.update_from_output(plan, pb.step_output_from_pb(resp))
         self.steps += 1
         if self.metrics is not None:
-            for k, accepted, fallback in self.core.last_spec_events:
-                self.metrics.record_spec_step(k, accepted, fallback)
+            for k, accepted, fallback, unverified in self.core.last_spec_events:
+                self.metrics.record_spec_step(k, accepted, fallback, unverified)
         if self.on_step is not None:
             self.on_step(time.monotonic() - t0, plan, outs)
         self._maybe_log_progress()
@@ -245,7 +247,8 @@ class Engine:
                          mean_accepted_length_total=round(st.mean_accepted_length, 3),
                          per_position_acceptance=[round(x, 3)
                                                   for x in st.per_position_acceptance],
-                         fallback_steps=st.fallback_steps)
+                         fallback_steps=st.fallback_steps,
+                         unverified_steps=st.unverified_steps)
         log.info("progress", steps_per_s=round(d_steps / (now - last[0]), 2),
                  running=load["num_running"], waiting=load["num_waiting"],
                  free_kv_blocks=load["free_kv_blocks"], **extra)

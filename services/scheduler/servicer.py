@@ -48,7 +48,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                  mean_accepted_length=round(sp.mean_accepted_length, 3),
                                  per_position_acceptance=[
                                      round(x, 3) for x in sp.per_position_acceptance],
-                                 fallback_steps=sp.fallback_steps)
+                                 fallback_steps=sp.fallback_steps,
+                                 unverified_steps=sp.unverified_steps)
                 log.info("request_finished", reason=out.finish_reason.name, output_tokens=n_out,
                          **extra)
 

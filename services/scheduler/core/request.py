@@ -47,6 +47,13 @@ class Request:
     # flight; its anchor is the worker's own acceptance of that step (None = none).
     deferred_step: int | None = None
     deferred_k: int = 0
+    # how its deferred step counts if it drafts nothing: "fallback" | "unverified" | ""
+    deferred_note: str = ""
+    # Confidence-scheduled verification: the step in flight is a one-token step the
+    # verify budget left without drafts; the drafter's confidences c_1..c_K of the
+    # last verify result (the next step's estimate).
+    pending_unverified: bool = False
+    spec_confidences: list[float] = field(default_factory=list)
     spec_fallback: bool = False
     spec: SpecSummary = field(default_factory=SpecSummary)
 

@@ -43,15 +43,14 @@ import itertools
 import threading
 from collections import deque
 
-from dspark.shared import rng
-from dspark.shared.acceptance import VerifyResult, accept, truncate
 from dspark.shared.config import SchedulerConfig
-from dspark.shared.types import (FinishReason, RequestOutput, SamplingParams, SeqOutput,
-                                 SeqStep, SpecSummary, StepOutput, StepPlan, WorkerInfo)
+from dspark.shared.types import (FinishReason, RequestOutput, SamplingParams, SeqStep,
+                                 SpecSummary, StepOutput, StepPlan, WorkerInfo)
 
 from .block_allocator import BlockAllocator
 from .errors import AdmissionError, DuplicateRequestError, RequestValidationError
 from .request import Request, RequestStatus
+from .speculation import SpeculationMixin
 
 
 def _locked(method):
@@ -66,8 +65,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class Scheduler:
-    """Request state, KV block allocation and step planning for one worker."""
+class Scheduler(SpeculationMixin):
+    """Request state, KV block allocation and step planning for one worker.
+    Speculation (leases, drafts per step, verify results): ``SpeculationMixin``."""
 
     def __init__(self, config: SchedulerConfig, info: WorkerInfo,
                  watermark_blocks: int = 0) -> None:
@@ -98,15 +98,9 @@ class Scheduler:
         self._arrivals = itertools.count()
         self._step_ids = itertools.count()
         self.num_preemptions = 0  # total over the scheduler's life
-        # Speculation (DSPARK.md 3): K from the worker, a fixed pool of drafter leases.
-        self.num_spec = info.num_speculative_tokens if info.num_leases else 0
-        self._free_leases: list[int] = list(range(info.num_leases)) if self.num_spec else []
-        self.num_leases = len(self._free_leases)
-        # Totals since start (metrics): drafts = verify steps with drafts.
-        self.spec_totals = SpecSummary(num_speculative_tokens=self.num_spec,
-                                       accepted_per_pos=[0] * self.num_spec)
-        # (drafts verified, drafts accepted, fallback) per request of the last update
-        self.last_spec_events: list[tuple[int, int, bool]] = []
+        # Speculation (DSPARK.md 3, 4): K from the worker, a fixed pool of drafter
+        # leases, the verify policy (speculation.py)
+        self._init_speculation(info)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ requests
@@ -122,8 +116,7 @@ class Scheduler:
             raise AdmissionError(f"waiting queue is full: {len(self._waiting)} requests "
                                  f"(max_waiting={self.config.max_waiting})")
         req = Request(request_id, prompt, sampling, arrival_seq=next(self._arrivals))
-        req.spec = SpecSummary(num_speculative_tokens=self.num_spec,
-                               accepted_per_pos=[0] * self.num_spec)
+        req.spec = self._new_summary()
         self._requests[request_id] = req
         self._waiting.append(req)
 
@@ -196,13 +189,19 @@ class Scheduler:
         """Plan the next step; None when no request has anything to compute."""
         budget = self.config.max_num_batched_tokens
         step_id = next(self._step_ids)
+        self._cands = []
         seqs, budget, preempted = self._schedule_running(step_id, budget)
         # As in vLLM v1: admitting right after a preemption would only thrash.
         if not preempted:
             seqs += self._admit_waiting(step_id, budget)
         if not seqs:
             return None
-        return StepPlan(step_id=step_id, seqs=seqs)
+        verify_budget = None
+        if self.confidence_scheduled:  # drafts take what the rows left of the budget
+            left = self.config.max_num_batched_tokens - sum(
+                len(s.token_ids) or 1 for s in seqs)
+            verify_budget = self._size_verification(seqs, left)
+        return StepPlan(step_id=step_id, seqs=seqs, verify_budget=verify_budget)
 
     def _schedule_running(self, step_id: int, budget: int) -> tuple[list[SeqStep], int, bool]:
         """Serve running requests oldest first; may preempt the youngest for blocks."""
@@ -223,61 +222,17 @@ class Scheduler:
             n = self._grow_blocks(req, n)
             if n == 0:  # it preempted itself; it was the youngest, so the loop ends
                 break
-            k = self._spec_tokens(req, n, budget) if self.num_spec else 0
+            k, cand = 0, False
+            if self.num_spec and self.confidence_scheduled:
+                cand = self._spec_eligible(req, n)  # drafts: _size_verification
+            elif self.num_spec:
+                k = self._spec_tokens(req, n, budget)
             seqs.append(self._make_seq(step_id, req, n, k))
+            if cand:
+                self._cands.append((seqs[-1], req, req.num_tokens - 1))
             budget -= n + k
             i += 1
         return seqs, budget, self.num_preemptions > preemptions_before
-
-    def _defer(self, step_id: int, req: Request, budget: int) -> SeqStep | None:
-        """Async: plan the next speculative step of a request whose speculative step
-        is still in flight. Its anchor lands somewhere in [P+1, P+k+1] (P, k: the
-        in-flight step's anchor position and K), so KV is reserved for the optimistic
-        worst case P + k + 1 + K; ``_commit_spec`` gives back what acceptance did not
-        use. Returns None (no deferral) when it could finish in flight, could pass the
-        position ceiling, or blocks are short: it then waits, as in sync mode."""
-        if req.deferred_step is not None or req.pending_spec_k <= 0 or req.lease_id < 0:
-            return None
-        k_prev = req.pending_spec_k
-        p_prev = req.num_tokens - 1  # the in-flight step's anchor position
-        sp = req.sampling
-        if sp.max_tokens - req.num_output_tokens <= k_prev + 1:
-            return None  # may finish in flight: nothing to gain
-        k = min(self.num_spec, budget - 1)
-        last = p_prev + k_prev + 1 + k  # the furthest verify row the step may write
-        if last >= min(self.max_model_len, self._max_len) or k <= 0:
-            return None
-        need = _cdiv(last + 1, self.block_size) - len(req.block_ids)
-        if need > self.allocator.num_free:
-            return None
-        req.block_ids += self.allocator.allocate(max(need, 0))
-        req.deferred_step, req.deferred_k = step_id, k
-        return SeqStep(request_id=req.request_id, token_ids=[], start_position=p_prev,
-                       block_ids=list(req.block_ids), sample=True,
-                       temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
-                       seed=sp.seed, lease_id=req.lease_id, num_speculative_tokens=k,
-                       deferred_anchor=True)
-
-    def _spec_tokens(self, req: Request, n: int, budget: int) -> int:
-        """K for a decode step of ``req`` (its anchor is the one token to compute):
-        the worker's K, or fewer when the step budget or free KV blocks are short
-        (never preempting anyone for draft rows); 0 once the verify window would
-        pass max_model_len (the request then decodes one token per step for good)."""
-        if n != 1 or req.num_uncomputed_tokens != 1 or req.lease_id < 0:
-            return 0  # a prefill chunk
-        anchor_pos = req.num_tokens - 1
-        if req.spec_fallback or anchor_pos + self.num_spec >= self.max_model_len:
-            req.spec_fallback = True
-            return 0
-        k = min(self.num_spec, budget - 1)
-        bs = self.block_size
-        while k > 0:
-            need = _cdiv(anchor_pos + 1 + k, bs) - len(req.block_ids)
-            if need <= self.allocator.num_free:
-                req.block_ids += self.allocator.allocate(max(need, 0))
-                break
-            k -= 1
-        return k
 
     def _grow_blocks(self, req: Request, n: int) -> int:
         """Allocate blocks so ``req`` can compute up to ``n`` more tokens.
@@ -348,6 +303,7 @@ class Scheduler:
             # a one-token decode step of a request that could speculate
             req.pending_fallback = (k == 0 and n == 1 and req.lease_id >= 0
                                     and start >= req.num_prompt_tokens)
+            req.pending_unverified = False
         sp = req.sampling
         return SeqStep(request_id=req.request_id, token_ids=req.token_slice(start, end),
                        start_position=start, block_ids=list(req.block_ids), sample=sample,
@@ -370,7 +326,9 @@ class Scheduler:
                              f"plan step_id={plan.step_id}")
         by_id = {o.request_id: o for o in output.outputs}
         self.last_spec_events = []
+        budgeted = plan.verify_budget is not None
         accepted = []
+        verified = 0
         for seq in plan.seqs:
             req = self._requests.get(seq.request_id)
             if not seq.sample or req is None or req.pending_sample_step != plan.step_id:
@@ -383,83 +341,29 @@ class Scheduler:
                     raise ValueError(f"step {plan.step_id}: {seq.request_id!r} was verified "
                                      f"from anchor {got}, the scheduler committed {want}")
             if seq.num_speculative_tokens:
-                accepted.append((req, self._verify_result(plan.step_id, seq, out)))
+                res = self._verify_result(plan.step_id, seq, out, budgeted)
+                verified += res.num_drafts
+                accepted.append((req, res, list(out.confidences)))
             elif out is None or not 0 <= out.token_id < self.info.vocab_size:
                 raise ValueError(f"step {plan.step_id}: no valid sampled token for "
                                  f"{seq.request_id!r} (got {out})")
             else:
-                accepted.append((req, out.token_id))
-        return [self._commit(req, tok) if isinstance(tok, int) else self._commit_spec(req, tok)
-                for req, tok in accepted]
-
-    def _verify_result(self, step_id: int, seq: SeqStep, out: SeqOutput | None) -> VerifyResult:
-        """The worker's verify output as a checked VerifyResult (uniforms made here)."""
-        k, v = seq.num_speculative_tokens, self.info.vocab_size
-        ok = out is not None and len(out.draft_tokens) == k and len(out.target_tokens) == k + 1 \
-            and len(out.q_draft) == k and len(out.p_draft) == k and len(out.residual_tokens) == k \
-            and all(0 <= t < v for t in out.draft_tokens + out.target_tokens)
-        if not ok:
-            raise ValueError(f"step {step_id}: invalid verify output for {seq.request_id!r} "
-                             f"with K={k} (got {out})")
-        # a deferred step's anchor position is the one the worker resolved (checked
-        # against the committed sequence by the caller)
-        a = out.anchor_position if seq.deferred_anchor else seq.start_position
-        return VerifyResult(draft_tokens=list(out.draft_tokens),
-                            target_tokens=list(out.target_tokens), q_draft=list(out.q_draft),
-                            p_draft=list(out.p_draft),
-                            uniforms=[rng.uniform(seq.seed, a + i + 1, rng.STREAM_ACCEPT)
-                                      for i in range(k)],
-                            residual_tokens=list(out.residual_tokens))
+                accepted.append((req, out.token_id, None))
+        if budgeted and verified > plan.verify_budget:
+            raise ValueError(f"step {plan.step_id}: {verified} drafts verified, more than "
+                             f"its verify_budget={plan.verify_budget}")
+        return [self._commit(req, tok) if isinstance(tok, int)
+                else self._commit_spec(req, tok, conf) for req, tok, conf in accepted]
 
     def _commit(self, req: Request, token_id: int) -> RequestOutput:
         req.pending_sample_step = None
         req.output_token_ids.append(token_id)
-        if req.pending_fallback:  # a one-token step of a request that could speculate
-            req.spec.fallback_steps += 1
-            self.spec_totals.fallback_steps += 1
-            self.last_spec_events.append((0, 0, True))
+        self._count_plain_step(req)  # one token of a request that could speculate
         reason = self._stop_reason(req, token_id)
         if reason != FinishReason.NONE:
             self._running.remove(req)
             self._finish(req, reason)
         return RequestOutput(req.request_id, [token_id], reason, self._summary(req, reason))
-
-    def _commit_spec(self, req: Request, result: VerifyResult) -> RequestOutput:
-        """Accept (shared/acceptance.py), truncate at stop conditions, commit."""
-        sp = req.sampling
-        acc = accept(result, greedy=sp.greedy)
-        kept, reason = truncate(acc.tokens, remaining_tokens=sp.max_tokens - req.num_output_tokens,
-                                remaining_len=self._max_len - req.num_tokens,
-                                stop_token_ids=sp.stop_token_ids, eos_token_ids=self._eos,
-                                ignore_eos=sp.ignore_eos)
-        k = len(result.draft_tokens)
-        self.last_spec_events.append((k, acc.num_accepted, False))
-        for st in (req.spec, self.spec_totals):
-            st.verify_steps += 1
-            st.num_draft_tokens += k
-            st.num_accepted_tokens += acc.num_accepted
-            st.committed_in_verify += len(acc.tokens)
-            for pos in range(acc.num_accepted):
-                st.accepted_per_pos[pos] += 1
-        req.pending_sample_step = None
-        req.output_token_ids += kept
-        # the anchor and the kept drafts have valid KV; the last kept token is the next anchor
-        req.num_computed_tokens += len(kept) - 1
-        if reason != FinishReason.NONE:
-            self._running.remove(req)
-            self._finish(req, reason)
-        elif req.deferred_step is not None:
-            # async: the step in flight verifies from this anchor; correct positions and
-            # free the blocks reserved past its real window
-            req.pending_sample_step, req.pending_spec_k = req.deferred_step, req.deferred_k
-            req.pending_fallback = False
-            req.deferred_step = None
-            req.num_computed_tokens = req.num_tokens  # the anchor is computed in flight
-            keep = _cdiv(req.num_tokens + req.pending_spec_k, self.block_size)
-            if len(req.block_ids) > keep:
-                self.allocator.free(req.block_ids[keep:])
-                req.block_ids = req.block_ids[:keep]
-        return RequestOutput(req.request_id, list(kept), reason, self._summary(req, reason))
 
     def _summary(self, req: Request, reason: FinishReason) -> SpecSummary | None:
         return req.spec if reason != FinishReason.NONE and self.num_spec else None
