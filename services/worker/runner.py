@@ -19,6 +19,7 @@ import torch
 from dspark.shared.config import WorkerConfig
 from dspark.shared.types import SeqOutput, SeqStep, StepOutput, StepPlan, WorkerInfo
 
+from dspark.shared.verify_fill import fill_verify_budget
 from .model.kv_cache import PagedKVCache, build_metadata
 from .model.llama import Llama, load_llama
 from .sampler import RowParams, sample
@@ -127,6 +128,8 @@ class ModelRunner:
         # Speculation: the drafter and its lease rings come before the KV pool, whose
         # budget they are taken from. With K = 0 nothing of the drafter is loaded.
         self.num_spec, drafter_dir = config.speculation()
+        self.verify_policy = config.verify_policy() if self.num_spec else ""
+        self.sps_profile = None  # measured by profile() after warm-up (K > 0)
         self.drafter = self.leases = None
         self.drafter_id = ""
         self.use_markov = True  # False = the DFlash ablation (evaluation only)
@@ -192,7 +195,8 @@ class ModelRunner:
             dtype=str(self.dtype).removeprefix("torch."), device=self.device.type,
             tap_layer_ids=self.tap_layers, num_speculative_tokens=self.num_spec,
             num_leases=self.leases.num_leases if self.leases else 0,
-            drafter_id=self.drafter_id)
+            drafter_id=self.drafter_id, verify_policy=self.verify_policy or "fixed",
+            sps_profile=self.sps_profile)
 
     def warmup(self) -> None:
         """One small prefill + decode forward on scratch block 0, then forget it."""
@@ -201,6 +205,15 @@ class ModelRunner:
         self.step(StepPlan(-1, [SeqStep("__warmup__", ids, 0, [0], sample=True)]))
         self.step(StepPlan(-1, [SeqStep("__warmup__", [0], len(ids), [0], sample=True)]))
         self.release(["__warmup__"])
+
+    def profile(self, budget_s: float = 2.0):
+        """Speculating workers: measure the forward and drafting costs the scheduler
+        sizes verification with (``dspark.worker.profile``); nothing with K = 0."""
+        if self.num_spec:
+            from .profile import measure
+
+            self.sps_profile = measure(self, budget_s)
+        return self.sps_profile
 
     def release(self, request_ids) -> None:
         for rid in request_ids:
@@ -264,7 +277,8 @@ class ModelRunner:
 
         Speculating sequences (num_speculative_tokens = k > 0) are drafted first from
         their lease rings, then verified in the same target forward as everything
-        else: rows [anchor, d_1..d_k] at positions start..start+k.
+        else: rows [anchor, d_1..d_l] at positions start..start+l, l = k, or under
+        ``plan.verify_budget`` the lengths of ``fill_verify_budget`` (0..k each).
         """
         t0 = time.perf_counter()
         seqs = plan.seqs
@@ -285,12 +299,20 @@ class ModelRunner:
                     self.leases.pos[s.lease_id] = -1
         spec = [i for i, s in enumerate(seqs) if s.num_speculative_tokens]
         drafts = self._draft([seqs[i] for i in spec]) if spec else None
+        # verified drafts per speculating seq: all k, or the budget's fill
+        nver = [seqs[i].num_speculative_tokens for i in spec]
+        if drafts is not None and plan.verify_budget is not None:
+            if plan.verify_budget < 0:
+                raise ValueError(f"verify_budget={plan.verify_budget} must be >= 0")
+            conf = drafts.confidences.float().tolist()
+            nver = fill_verify_budget([conf[j][:k] for j, k in enumerate(nver)],
+                                      plan.verify_budget)
         rows_in: list[list[int]] = []
         for i, s in enumerate(seqs):
             toks = list(s.token_ids)
             if drafts is not None and i in spec:
                 j = spec.index(i)
-                toks += drafts.tokens[j, :s.num_speculative_tokens].tolist()
+                toks += drafts.tokens[j, :nver[j]].tolist()
                 end = s.start_position + len(toks)
                 if end > self.max_model_len or -(-end // self.block_size) > len(s.block_ids):
                     raise ValueError(f"request {s.request_id!r}: verify window up to {end} "
@@ -302,7 +324,7 @@ class ModelRunner:
         logit_rows: list[int] = []
         for s, toks in zip(seqs, rows_in):
             tokens.extend(toks)
-            if s.num_speculative_tokens:
+            if s.num_speculative_tokens:  # every verify row (just the anchor when l = 0)
                 logit_rows.extend(range(len(tokens) - len(toks), len(tokens)))
             elif s.sample:
                 logit_rows.append(len(tokens) - 1)
@@ -385,7 +407,7 @@ class ModelRunner:
         for i, (s, toks) in enumerate(zip(seqs, rows_in)):
             if s.num_speculative_tokens:
                 j = spec.index(i)
-                k = s.num_speculative_tokens
+                k = len(toks) - 1  # the drafts verified
                 dist = drafts.dists[j]
                 vin.append(VerifyInput(
                     draft_tokens=toks[1:], anchor_position=s.start_position,
@@ -412,7 +434,8 @@ class ModelRunner:
                 o.draft_tokens, o.target_tokens = res.draft_tokens, res.target_tokens
                 o.q_draft, o.p_draft = _as_float32(res.q_draft), _as_float32(res.p_draft)
                 o.residual_tokens = res.residual_tokens
-                o.confidences = drafts.confidences[j, :len(res.draft_tokens)].float().tolist()
+                k = seqs[i].num_speculative_tokens  # every drafted token's confidence
+                o.confidences = drafts.confidences[j, :k].float().tolist()
 
     def _keep_taps(self, s: SeqStep, rows: torch.Tensor) -> None:
         """Remember the step's rows and update the tail (a copy of <= TAP_TAIL rows, so

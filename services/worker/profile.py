@@ -1,0 +1,113 @@
+"""Start-up cost profile of a speculating worker (DSPARK.md 4.2, SPS(B)).
+
+Measures, after warm-up, the wall time of one target forward over B verify-like
+rows (windows of up to K + 1 rows per sequence after a shared context, logits for
+every row, tap rows captured: what a verify step computes) for B on a small
+grid, and the drafter's cost for 1 and n requests (-> fixed + per request). The
+scheduler sizes each step's verify budget from it
+(``dspark.scheduler.core.verify_budget``).
+
+It is kept short: each grid point is timed twice (the faster counts), and the
+walk up the grid stops once the next point would not fit the time budget; the
+profile extrapolates linearly past the last point measured (where a forward is
+compute-bound, its time grows linearly with the rows). KV blocks and leases
+used here are scratch: nothing is served yet, and every later owner writes a
+position before it reads it (leases are reset when claimed).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dspark.shared.types import SpsProfile
+
+from .model.kv_cache import build_metadata
+from .sampler import RowParams
+
+GRID = (1, 8, 32, 128, 256)
+CONTEXT = 128  # positions of context each verify window attends to
+
+
+def _best_ms(fn, reps: int = 2) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, (time.perf_counter() - t0) * 1e3)
+    return best
+
+
+@torch.inference_mode()
+def measure(runner, budget_s: float = 2.0, grid=GRID) -> SpsProfile:
+    """The runner's SpsProfile; ``budget_s`` bounds the forward grid's time."""
+    model, kv, dev = runner.model, runner.kv, runner.device
+    a = model.args
+    bs = runner.block_size
+    window = runner.num_spec + 1
+    ctx = max(0, min(CONTEXT, kv.num_blocks * bs - window, runner.max_model_len - window))
+    blocks = list(range(-(-(ctx + window) // bs)))
+    taps_w = len(runner.tap_layers) * a.hidden_size
+
+    def forward(rows: int) -> None:
+        seqs, left = [], rows
+        while left > 0:  # verify windows; all share the scratch context blocks
+            n = min(window, left)
+            seqs.append((ctx, n, blocks))
+            left -= n
+        meta = build_metadata(seqs, bs, a.num_heads // a.num_kv_heads, dev)
+        if meta.gather_blocks:
+            meta.ws_k, meta.ws_v = kv.workspace(meta.gather_blocks)
+        tokens = torch.arange(rows, device=dev) % a.vocab_size
+        taps = (torch.empty(rows, taps_w, dtype=runner.dtype, device=dev)
+                if taps_w else None)
+        logits = model.forward(tokens, meta, kv, torch.arange(rows, device=dev),
+                               runner.tap_layers, taps)
+        logits.argmax(-1)  # the verify rows' greedy reduction
+
+    t_start = time.perf_counter()
+    forward(min(8, grid[-1]))  # shapes warm
+    rows, times = [], []
+    for b in grid:
+        if rows:
+            spent = time.perf_counter() - t_start
+            # the next point costs about 2 forwards of the extrapolated time
+            guess = times[-1] * b / rows[-1] * 2 / 1e3
+            if len(rows) >= 2 and spent + guess > budget_s:
+                break
+        rows.append(b)
+        times.append(_best_ms(lambda: forward(b)))
+    fixed, per = _draft_cost(runner, ctx)
+    return SpsProfile(rows=tuple(rows), forward_ms=tuple(times), draft_fixed_ms=fixed,
+                      draft_per_request_ms=per)
+
+
+def _draft_cost(runner, ctx: int) -> tuple[float, float]:
+    """(fixed, per request) ms of drafting, from batches of 1 and n requests."""
+    pool = runner.leases
+    n = min(8, pool.num_leases)
+    ids = list(range(n))
+    names = [f"__profile__{i}" for i in ids]
+    a = runner.model.args
+    ctx = max(ctx, 1)
+    taps = torch.randn(ctx, len(runner.tap_layers) * a.hidden_size,
+                       device=runner.device).to(runner.dtype) * 0.1
+    try:
+        for lease, name in zip(ids, names):
+            pool.claim(lease, name)
+            pool.write(lease, 0, taps)
+        params = [RowParams(0.0, 0, 1.0, 0, ctx)] * n
+
+        def draft(m: int) -> None:
+            pool.draft(ids[:m], [1] * m, [ctx] * m, params[:m])
+
+        draft(n)  # warm
+        one = _best_ms(lambda: draft(1))
+        if n == 1:
+            return one, 0.0
+        many = _best_ms(lambda: draft(n))
+    finally:
+        for name in names:
+            pool.release(name)
+    per = max(0.0, (many - one) / (n - 1))
+    return max(0.0, one - per), per
