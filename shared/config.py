@@ -65,6 +65,32 @@ def parse_verify_policy(text: str) -> str:
     return v
 
 
+def parse_sps_profile(text: str):
+    """A pinned cost profile, JSON ``{"rows": [1, 8, ...], "forward_ms": [...],
+    "draft_fixed_ms": F, "draft_per_request_ms": P}`` -> SpsProfile (ValueError
+    naming the field otherwise)."""
+    from dspark.shared.types import SpsProfile
+
+    try:
+        d = json.loads(text)
+        if not isinstance(d, dict):
+            raise ValueError("must be a JSON object")
+        unknown = sorted(set(d) - {"rows", "forward_ms", "draft_fixed_ms",
+                                   "draft_per_request_ms"})
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}")
+        prof = SpsProfile(rows=tuple(int(x) for x in d["rows"]),
+                          forward_ms=tuple(float(x) for x in d["forward_ms"]),
+                          draft_fixed_ms=float(d.get("draft_fixed_ms", 0.0)),
+                          draft_per_request_ms=float(d.get("draft_per_request_ms", 0.0)))
+        if min(prof.forward_ms) <= 0 or min(prof.draft_fixed_ms,
+                                             prof.draft_per_request_ms) < 0:
+            raise ValueError("times must be > 0 (forward) and >= 0 (drafting)")
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"sps_profile={text!r} is invalid: {e}") from None
+    return prof
+
+
 def parse_speculative_config(text: str) -> tuple[int, str]:
     """``{"method": "dspark", "num_speculative_tokens": K[, "model": DIR][, "verify":
     "fixed"|"confidence"]}`` -> (K, drafter dir or ""). K in 0..7; anything else is a
@@ -185,11 +211,16 @@ class WorkerConfig(ServerOpsConfig):
     speculative_config: str = "auto"
     drafter: str = ""  # drafter checkpoint dir ("" = the shipped one for the model)
     num_leases: int = 64  # drafter leases (requests speculating at once)
+    # Confidence-scheduled verification: "" = measure the forward and drafting costs
+    # after warm-up; or a pinned profile (JSON, see parse_sps_profile) used as given
+    sps_profile: str = ""
 
     def __post_init__(self) -> None:
         if self.speculative_config != "auto":
             parse_speculative_config(self.speculative_config)
             parse_verify_policy(self.speculative_config)
+        if self.sps_profile:
+            parse_sps_profile(self.sps_profile)
         _check(self.num_leases >= 1, "num_leases", self.num_leases, ">= 1")
         _check(self.dtype in ("auto", "bfloat16", "float32"), "dtype", self.dtype,
                "one of auto, bfloat16, float32")

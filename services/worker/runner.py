@@ -208,8 +208,13 @@ class ModelRunner:
 
     def profile(self, budget_s: float = 2.0):
         """Speculating workers: measure the forward and drafting costs the scheduler
-        sizes verification with (``dspark.worker.profile``); nothing with K = 0."""
-        if self.num_spec:
+        sizes verification with (``dspark.worker.profile``), or take the pinned
+        ``sps_profile`` of the config; nothing with K = 0."""
+        if self.num_spec and self.config.sps_profile:
+            from dspark.shared.config import parse_sps_profile
+
+            self.sps_profile = parse_sps_profile(self.config.sps_profile)
+        elif self.num_spec:
             from .profile import measure
 
             self.sps_profile = measure(self, budget_s)

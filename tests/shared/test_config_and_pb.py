@@ -127,3 +127,18 @@ def test_verify_budget_spec_summary_and_profile_round_trip():
     assert m.unverified_steps == 2 and list(m.verified_per_position) == [4, 2, 1]
     assert list(m.accepted_per_position) == [2, 1, 0]
     assert list(m.per_position_acceptance) == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_pinned_sps_profile():
+    import json
+
+    from dspark.shared.config import parse_sps_profile
+
+    text = json.dumps({"rows": [1, 8, 9], "forward_ms": [30, 30, 60], "draft_fixed_ms": 2})
+    cfg = WorkerConfig(sps_profile=text)
+    prof = parse_sps_profile(cfg.sps_profile)
+    assert prof.rows == (1, 8, 9) and prof.forward(8) == 30.0 and prof.step(9, 1) == 62.0
+    for bad in ('{"rows": [8, 1], "forward_ms": [1, 2]}', '{"rows": [1], "forward_ms": [0]}',
+                '{"rows": [1]}', '{"rows": [1], "forward_ms": [1], "x": 1}', "[1]", "{"):
+        with pytest.raises(ValueError, match="sps_profile=.* is invalid"):
+            WorkerConfig(sps_profile=bad)

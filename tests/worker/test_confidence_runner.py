@@ -65,6 +65,10 @@ def test_profile_is_measured_only_with_speculation(tiny_model_dir, drafter_dir):
     assert info.verify_policy == "confidence"
     # the profile's scratch leases are free again
     assert rc.leases.free_count() == rc.leases.num_leases
+    # a pinned profile is taken as given, nothing measured
+    pinned = json.dumps({"rows": [1, 8], "forward_ms": [5.0, 6.0]})
+    rp = ModelRunner(replace(rc.config, sps_profile=pinned))
+    assert rp.profile() == SpsProfile(rows=(1, 8), forward_ms=(5.0, 6.0))
 
 
 def test_budgeted_step_verifies_the_top_candidates(runners):
