@@ -3,6 +3,7 @@ loopback, serving the real default model in fp32 (so that batched and
 one-at-a-time greedy outputs must agree exactly)."""
 from __future__ import annotations
 
+import json
 import random
 import socket
 import time
@@ -17,6 +18,13 @@ from dspark.v1 import scheduler_pb2, scheduler_pb2_grpc
 # Small enough that 8-way concurrency and preemption paths are exercised,
 # large enough for every test's prompts.
 MAX_MODEL_LEN = 1024
+# The session cluster speculates with the shipped drafter ("auto": K = 7, verify
+# "confidence") on this pinned cost profile instead of a measured one (faster start,
+# the same decisions on both replicas): a step's first 8 rows cost the same and a
+# 9th doubles it, so a request alone verifies all 7 drafts (seeded sampling
+# reproduces), 2..7 decoding requests share the rows left by confidence, and 8 or
+# more verify none (plain one-token steps).
+SPS_PROFILE = json.dumps({"rows": [1, 8, 9, 256], "forward_ms": [30.0, 30.0, 60.0, 180.0]})
 
 
 def _free_port_block(n: int) -> int:
@@ -46,7 +54,8 @@ def cluster(default_model_dir, tmp_path_factory):
         replicas=2, router_port=base, base_port=base + 1, http_port=base + 5,
         metrics_base_port=base + 6,
         worker_args=["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-                     "--num-kv-blocks", "512", "--num-threads", "1"],
+                     "--num-kv-blocks", "512", "--num-threads", "1",
+                     "--sps-profile", SPS_PROFILE],
         scheduler_args=["--max-num-seqs", "16", "--max-num-batched-tokens", "256"],
         log_dir=Path(log_dir), timeout_s=300)
     c.log_dir = Path(log_dir)

@@ -105,6 +105,7 @@ def test_counters_move_with_traffic(cluster, client):
         sch = f"scheduler-{i}"
         assert ("dspark_spec_decode_num_drafts_total", ()) in after[sch]
         assert ("dspark_spec_decode_num_fallback_steps_total", ()) in after[sch]
+        assert ("dspark_spec_decode_num_unverified_steps_total", ()) in after[sch]
         drafted = delta(sch, "dspark_spec_decode_num_draft_tokens_total")
         accepted = delta(sch, "dspark_spec_decode_num_accepted_tokens_total")
         assert 0 <= accepted <= drafted

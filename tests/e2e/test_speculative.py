@@ -1,10 +1,11 @@
 """Speculative serving through router, scheduler and worker (real processes, fp32).
 
 The session cluster speculates with K = 7 when the shipped drafter is present
-(``speculative_config`` "auto") and schedules asynchronously (the default); a
-sync K = 7 and a K = 0 deployment started here complete the picture, K = 0 being
-the reference:
-greedy output must be identical token for token, one at a time and 8 at once.
+(``speculative_config`` "auto": confidence-scheduled verification, on the pinned
+cost profile of conftest.SPS_PROFILE) and schedules asynchronously (the default);
+a sync K = 7 deployment with a fixed K (every draft verified) and a K = 0
+deployment started here complete the picture, K = 0 being the reference: greedy
+output must be identical token for token, one at a time and 8 at once.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 
 from dspark.shared.launcher import start_cluster
 
-from .conftest import MAX_MODEL_LEN, _free_port_block, assert_all_blocks_free, scheduler_loads
+from .conftest import (MAX_MODEL_LEN, SPS_PROFILE, _free_port_block, assert_all_blocks_free,
+                       scheduler_loads)
 
 pytestmark = pytest.mark.e2e
 
@@ -68,7 +70,25 @@ def test_k0_deployment_has_no_drafter(plain_cluster):
     assert out.spec_summary is None  # nothing speculates, nothing to summarise
 
 
+def test_session_workers_verify_by_confidence(speculating):
+    import grpc
+
+    from dspark.shared import pb
+    from dspark.v1 import worker_pb2, worker_pb2_grpc
+
+    for addr in speculating.workers:
+        with grpc.insecure_channel(addr) as ch:
+            info = pb.info_from_pb(worker_pb2_grpc.WorkerStub(ch).Info(
+                worker_pb2.InfoRequest(), timeout=5))
+        assert info.num_speculative_tokens == 7 and info.verify_policy == "confidence"
+        assert info.sps_profile.rows == (1, 8, 9, 256)  # the pinned one
+    assert json.loads(SPS_PROFILE)["forward_ms"][1] == info.sps_profile.forward(8)
+
+
 def test_greedy_k7_equals_k0_one_at_a_time_and_concurrently(speculating, plain_cluster):
+    """Confidence-scheduled verification (the session cluster): alone, a request
+    verifies every draft; 8 at once, steps verify few or none (l_r in 0..7 through
+    the async path); greedy output equals K = 0 either way."""
     prompts = eval_prompts(2)
     want = [_gen(plain_cluster.router, p).token_ids for p in prompts]
     one = [_gen(speculating.router, p, return_spec_summary=True) for p in prompts]
@@ -78,17 +98,26 @@ def test_greedy_k7_equals_k0_one_at_a_time_and_concurrently(speculating, plain_c
         assert s is not None and s["num_speculative_tokens"] == 7 and s["verify_steps"] > 0
         assert 1.0 <= s["mean_accepted_length"] <= 8.0
         assert len(s["per_position_acceptance"]) == 7
-        # every verify step commits 1..8 tokens; the first token comes from prefill
-        assert s["verify_steps"] + s["fallback_steps"] <= len(o.token_ids) - 1
+        # every step after the first token (prefill) is counted once
+        steps = s["verify_steps"] + s["fallback_steps"] + s["unverified_steps"]
+        assert steps <= len(o.token_ids) - 1
+        assert s["verified_per_position"][0] == s["verify_steps"]
     with ThreadPoolExecutor(8) as pool:
-        many = list(pool.map(lambda p: _gen(speculating.router, p).token_ids, prompts))
-    assert many == want
+        many = list(pool.map(lambda p: _gen(speculating.router, p, return_spec_summary=True),
+                             prompts))
+    assert [o.token_ids for o in many] == want
+    # several decoding at once (~4 per replica) share the profile's cheap 8 rows: the
+    # verify budgets cut requests short of their 7 drafts, or to none
+    assert any(s["unverified_steps"] > 0 or s["num_draft_tokens"] < 7 * s["verify_steps"]
+               for s in (o.spec_summary for o in many))
     assert_all_blocks_free(speculating)
 
 
 def test_mixed_run_returns_every_lease_and_block(speculating):
     """Finishes, a stop string, aborts (cancelled streams) and sampled requests at
-    once; afterwards every KV block and drafter lease is free on every replica."""
+    once, under confidence-scheduled verification (verify budgets of every size as
+    the load changes); afterwards every KV block and drafter lease is free on every
+    replica."""
     from dspark.shared.client import Client
 
     prompts = eval_prompts(2)
@@ -132,7 +161,9 @@ def sync_cluster(default_model_dir, tmp_path_factory, speculating):
     c = start_cluster(
         replicas=1, router_port=base, base_port=base + 1,
         worker_args=["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-                     "--num-kv-blocks", "256", "--num-threads", "1"],
+                     "--num-kv-blocks", "256", "--num-threads", "1", "--speculative-config",
+                     json.dumps({"method": "dspark", "num_speculative_tokens": 7,
+                                 "verify": "fixed"})],
         scheduler_args=["--no-async-scheduling", "--max-num-seqs", "16"],
         log_dir=Path(tmp_path_factory.mktemp("e2e-sync")), timeout_s=300)
     yield c
@@ -141,13 +172,17 @@ def sync_cluster(default_model_dir, tmp_path_factory, speculating):
 
 def test_sync_scheduling_k7_equals_k0(sync_cluster, plain_cluster):
     """The session cluster schedules asynchronously (the default: step N+1 dispatched
-    before step N returns, positions corrected when it does); sync mode gives the
-    same greedy output too, one at a time and 8 at once."""
+    before step N returns, positions corrected when it does); sync mode with a fixed
+    K (every draft verified) gives the same greedy output too, one at a time and 8 at
+    once."""
     prompts = eval_prompts(2)
     want = [_gen(plain_cluster.router, p).token_ids for p in prompts]
     one = [_gen(sync_cluster.router, p, return_spec_summary=True) for p in prompts]
     assert [o.token_ids for o in one] == want
     assert all(o.spec_summary["verify_steps"] > 0 for o in one)
+    assert all(o.spec_summary["unverified_steps"] == 0 for o in one)
+    assert all(o.spec_summary["num_draft_tokens"] == 7 * o.spec_summary["verify_steps"]
+               for o in one)
     with ThreadPoolExecutor(8) as pool:
         many = list(pool.map(lambda p: _gen(sync_cluster.router, p).token_ids, prompts))
     assert many == want
