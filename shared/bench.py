@@ -64,24 +64,29 @@ def _one_stream(client, prompt: str, max_tokens: int) -> dict:
 
 
 def spec_stats(runs: list[dict]) -> dict:
-    """Mean accepted length and per-position acceptance pooled over requests."""
-    specs = [r["spec"] for r in runs if r.get("spec") and r["spec"]["verify_steps"]]
+    """Mean accepted length (tokens per verify step), per-position acceptance and, with
+    confidence-scheduled verification, the steps left without drafts, pooled over
+    requests (from the summaries' per-position counts)."""
+    specs = [r["spec"] for r in runs if r.get("spec")]
+    unverified = sum(s.get("unverified_steps", 0) for s in specs)
+    specs = [s for s in specs if s["verify_steps"]]
     if not specs:
-        return {"mean_accepted_length": None, "per_position_acceptance": []}
+        return {"mean_accepted_length": None, "per_position_acceptance": [],
+                "unverified_steps": unverified, "tokens_per_step": 1.0 if unverified else None}
     steps = sum(s["verify_steps"] for s in specs)
     committed = sum(s["mean_accepted_length"] * s["verify_steps"] for s in specs)
     k = max(len(s["per_position_acceptance"]) for s in specs)
-    reached = [0.0] * k
-    passed = [0.0] * k
-    for s in specs:  # per-position counts back from the conditional rates
-        n = s["verify_steps"]
-        for i, a in enumerate(s["per_position_acceptance"]):
-            reached[i] += n
-            n = n * a
-            passed[i] += n
+    judged, passed = [0.0] * k, [0.0] * k
+    for s in specs:
+        for i in range(len(s.get("verified_per_position") or [])):
+            judged[i] += s["verified_per_position"][i]
+            passed[i] += s["accepted_per_position"][i]
     return {"mean_accepted_length": committed / steps,
-            "per_position_acceptance": [p / r if r else 0.0 for p, r in zip(passed, reached)],
-            "verify_steps": steps}
+            "per_position_acceptance": [p / j if j else 0.0 for p, j in zip(passed, judged)],
+            "verify_steps": steps, "unverified_steps": unverified,
+            "drafts_per_verify_step": sum(s["num_draft_tokens"] for s in specs) / steps,
+            # every step of a speculating request after its first token
+            "tokens_per_step": (committed + unverified) / (steps + unverified)}
 
 
 def run_concurrent(client, prompts: list[str], conc: int, max_tokens: int) -> dict:
@@ -103,45 +108,55 @@ def rss_peak_mib(pid: int) -> float:
     return float("nan")
 
 
-def _spec_flag(k: int) -> list[str]:
-    return ["--speculative-config", json.dumps({"method": "dspark", "num_speculative_tokens": k})]
+def _spec_flag(k: int, verify: str = "fixed") -> list[str]:
+    cfg = {"method": "dspark", "num_speculative_tokens": k}
+    if k:
+        cfg["verify"] = verify
+    return ["--speculative-config", json.dumps(cfg)]
+
+
+# (name, K, verify policy, label): K = 0, a fixed K, and confidence-scheduled K
+DEPLOYMENTS = (("k0", 0, "fixed", "K=0"), ("k7", None, "fixed", "K=7 (DSpark)"),
+               ("k7c", None, "confidence", "K=7, confidence-scheduled"))
 
 
 def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
-    """Start a K=0 and a K=7 deployment side by side, measure them, stop them.
+    """Start the K=0, K=7 (fixed) and K=7 confidence-scheduled deployments side by
+    side, measure them, stop them.
 
-    Batch 1 is measured paired, prompt by prompt: K=0, K=7 and transformers one
-    after the other (never at once), so all three see the same machine (these
-    shared machines drift by 20-30% over minutes). Concurrency 8 and 32 then run
-    K=0 and K=7 back to back.
+    Batch 1 is measured paired, prompt by prompt: every deployment and transformers
+    one after the other (never at once), so all see the same machine (these shared
+    machines drift by 20-30% over minutes). Concurrency 8 and 32 then run the
+    deployments back to back.
     """
     from dspark.shared.client import Client
     from dspark.shared.launcher import start_cluster
 
-    variants = [("k0", 0)] + ([("k7", args.k)] if args.k else [])
+    variants = [(name, args.k if k is None else k, verify)
+                for name, k, verify, _ in DEPLOYMENTS if k == 0 or args.k]
     clusters, clients = {}, {}
     try:
-        for i, (name, k) in enumerate(variants):
+        for i, (name, k, verify) in enumerate(variants):
             port = args.port + 20 * i
-            wargs = ["--dtype", args.dtype] + _spec_flag(k)
+            wargs = ["--dtype", args.dtype] + _spec_flag(k, verify)
             if k and args.drafter:
                 wargs += ["--drafter", args.drafter]
             clusters[name] = start_cluster(worker_args=wargs, log_dir=log_dir / name,
                                            router_port=port, base_port=port + 1,
                                            timeout_s=600)
             clients[name] = Client(clusters[name].router, timeout=900)
-        res: dict = {name: {} for name, _ in variants}
-        for name, _ in variants:
+        res: dict = {name: {} for name, _, _ in variants}
+        for name, _, _ in variants:
             _one_stream(clients[name], prompts[0], 8)  # warm-up
         hf.decode_rate(prompts[0], 8)
-        b1: dict = {name: [] for name, _ in variants}
+        b1: dict = {name: [] for name, _, _ in variants}
         hf_rates = []
         for p in prompts[: args.batch1_prompts]:
-            for name, _ in variants:
+            for name, _, _ in variants:
                 b1[name].append(_one_stream(clients[name], p, args.max_tokens))
             hf_rates.append(hf.decode_rate(p, args.max_tokens))
         res["hf_batch1_tokens_per_s"] = len(hf_rates) / sum(1 / r for r in hf_rates)
-        for name, _ in variants:
+        for name, _, _ in variants:
             runs = b1[name]
             res[name].update({
                 "batch1_tokens_per_s": sum(r["tokens"] - 1 for r in runs) /
@@ -152,16 +167,19 @@ def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
             print(f"  {name} batch 1: {res[name]['batch1_tokens_per_s']:.1f} tok/s, "
                   f"tau {res[name]['mean_accepted_length']}", file=sys.stderr)
         for conc in (8, 32):
-            for name, _ in variants:
+            for name, _, _ in variants:
                 r = run_concurrent(clients[name], prompts, conc, args.max_tokens)
                 res[name][f"conc{conc}_tokens_per_s"] = r["tokens_per_s"]
                 res[name][f"conc{conc}_ttft_ms"] = r["ttft_ms"]
                 res[name][f"conc{conc}_itl_ms"] = r["itl_ms"]
                 if r.get("spec_mean_accepted_length") is not None:
                     res[name][f"conc{conc}_mean_accepted_length"] = r["spec_mean_accepted_length"]
+                if r.get("spec_tokens_per_step") is not None:
+                    res[name][f"conc{conc}_tokens_per_step"] = r["spec_tokens_per_step"]
+                    res[name][f"conc{conc}_unverified_steps"] = r["spec_unverified_steps"]
                 print(f"  {name} concurrency {conc}: {r['tokens_per_s']:.1f} tok/s",
                       file=sys.stderr)
-        for name, _ in variants:
+        for name, _, _ in variants:
             pid = dict(clusters[name].procs)["worker-0"].pid
             res[name]["worker_peak_rss_mib"] = rss_peak_mib(pid)
         if args.memory_check:
@@ -243,7 +261,7 @@ def plot(result: dict, path: Path) -> bool:
     except ImportError:
         return False
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label in (("k0", "K=0"), ("k7", "K=7 (DSpark)")):
+    for key, _, _, label in DEPLOYMENTS:
         r = result.get(key)
         if not r:
             continue
@@ -258,11 +276,20 @@ def plot(result: dict, path: Path) -> bool:
     ax.set_title(f"Throughput vs concurrency ({result['dtype']})")
     ax.legend()
     acc = (result.get("k7") or {}).get("per_position_acceptance") or []
+    accc = (result.get("k7c") or {}).get("per_position_acceptance") or []
     if acc:
-        ax2.bar(range(1, len(acc) + 1), acc)
+        xs = range(1, len(acc) + 1)
+        w = 0.4 if accc else 0.8
+        ax2.bar([x - w / 2 if accc else x for x in xs], acc, width=w, label="K=7")
+        if accc:
+            ax2.bar([x + w / 2 for x in range(1, len(accc) + 1)], accc, width=w,
+                    label="K=7, confidence-scheduled (verified drafts)")
+            ax2.legend()
         ax2.set_ylim(0, 1)
         tau = result["k7"].get("mean_accepted_length")
-        ax2.set_title(f"Per-position acceptance, batch 1 (tau = {tau:.2f})")
+        tauc = (result.get("k7c") or {}).get("mean_accepted_length")
+        extra = f", confidence-scheduled {tauc:.2f}" if tauc else ""
+        ax2.set_title(f"Per-position acceptance, batch 1 (tau = {tau:.2f}{extra})")
         ax2.set_xlabel("draft position k")
         ax2.set_ylabel("P(k accepted | 1..k-1 accepted)")
     fig.tight_layout()
@@ -293,7 +320,7 @@ def main(args) -> int:
     services = bench_services(prompts, args, log_dir, hf)
     hf_rate = services.pop("hf_batch1_tokens_per_s")
     bw = read_bandwidth_gbs()
-    k0, k7 = services["k0"], services.get("k7")
+    k0, k7, k7c = services["k0"], services.get("k7"), services.get("k7c")
     frac = hf.weight_bytes * k0["batch1_tokens_per_s"] / (bw * 1e9)
     result = {
         "dtype": dtype, "max_tokens": args.max_tokens,
@@ -306,7 +333,8 @@ def main(args) -> int:
     }
     print(f"\n{'':34s}{'tokens/s':>10s}")
     print(f"{'transformers generate(), batch 1':34s}{hf_rate:10.1f}")
-    for name, r in (("K=0", k0), ("K=7", k7)):
+    names = (("K=0", k0), ("K=7", k7), ("K=7c", k7c))
+    for name, r in names:
         if r is None:
             continue
         print(f"{'dspark ' + name + ', batch 1':34s}{r['batch1_tokens_per_s']:10.1f}"
@@ -323,9 +351,24 @@ def main(args) -> int:
               f"{r['conc8_tokens_per_s']:.2f}x, concurrency 32 {r['conc32_tokens_per_s']:.2f}x")
         print(f"K=7 mean accepted length {k7['mean_accepted_length']:.2f}, per position "
               + " ".join(f"{a:.2f}" for a in k7["per_position_acceptance"]))
+    if k7c is not None:
+        result["k7c"] = k7c
+        result["k7c_vs_k0"] = {f: k7c[f] / k0[f] for f in
+                               ("batch1_tokens_per_s", "conc8_tokens_per_s",
+                                "conc32_tokens_per_s")}
+        r = result["k7c_vs_k0"]
+        print(f"K=7c / K=0: batch 1 {r['batch1_tokens_per_s']:.2f}x, concurrency 8 "
+              f"{r['conc8_tokens_per_s']:.2f}x, concurrency 32 {r['conc32_tokens_per_s']:.2f}x")
+        tau = k7c["mean_accepted_length"]
+        print("K=7c (confidence-scheduled) batch 1: "
+              + (f"mean accepted length {tau:.2f} per verify step, " if tau else "")
+              + f"{k7c.get('unverified_steps', 0)} steps without drafts"
+              + "".join(f"; concurrency {c}: {k7c.get(f'conc{c}_tokens_per_step', 1.0):.2f} "
+                        f"tokens per step, {k7c.get(f'conc{c}_unverified_steps', 0)} without "
+                        "drafts" for c in (8, 32)))
     print(f"bandwidth (K=0): {frac:.1%} of {bw:.1f} GB/s measured read bandwidth "
           f"({hf.weight_bytes / 1e6:.0f} MB weights per token)")
-    for name, r in (("K=0", k0), ("K=7", k7)):
+    for name, r in names:
         if r is not None:
             print(f"worker peak RSS ({name}): {r['worker_peak_rss_mib']:.0f} MiB")
             if "memory_check" in r:
