@@ -274,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dspark.worker.training.probe_taps import add_parser as add_probe_parser
 
     add_probe_parser(sub)
+    from dspark.worker.training.calibrate import add_parser as add_calibrate_parser
+
+    add_calibrate_parser(sub)
 
     b = sub.add_parser("bench", help="benchmark against transformers generate()")
     b.add_argument("--json", default=None, help="write the results here")

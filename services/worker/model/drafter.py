@@ -58,9 +58,19 @@ class DrafterConfig:
     # checkpoint's ``draft_vocab`` ids): a cheaper head and Markov head, but a
     # token outside it can never be drafted.
     draft_vocab_size: int = 0
+    # Sequential temperature scaling of the confidence head (DSPARK.md 4.1):
+    # c_k = sigmoid(z_k / T_k) when drafting; () = uncalibrated (every T_k = 1).
+    # Fitted by `dspark calibrate-drafter`; training ignores them.
+    confidence_temperatures: tuple[float, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        try:
+            temps = tuple(float(t) for t in self.confidence_temperatures)
+        except (TypeError, ValueError):
+            raise ValueError("DrafterConfig.confidence_temperatures="
+                             f"{self.confidence_temperatures!r}: must be a list of numbers") from None
+        object.__setattr__(self, "confidence_temperatures", temps)
 
         def bad(name: str, why: str):
             raise ValueError(f"DrafterConfig.{name}={getattr(self, name)!r}: {why}")
@@ -91,6 +101,10 @@ class DrafterConfig:
             bad("rms_norm_eps", "must be > 0")
         if not self.rope_theta > 0:
             bad("rope_theta", "must be > 0")
+        temps = self.confidence_temperatures
+        if temps and (len(temps) != self.block_size or not all(0 < t < 1e3 for t in temps)):
+            bad("confidence_temperatures", f"must be empty or {self.block_size} values "
+                "(one per draft position) in (0, 1000)")
         ids = self.target_layer_ids
         if not ids or len(set(ids)) != len(ids):
             bad("target_layer_ids", "must be a non-empty list of distinct layers")
@@ -116,6 +130,7 @@ class DrafterConfig:
     def to_json(self) -> str:
         d = asdict(self)
         d["target_layer_ids"] = list(self.target_layer_ids)
+        d["confidence_temperatures"] = list(self.confidence_temperatures)
         return json.dumps(d, indent=2, sort_keys=True)
 
     @classmethod
@@ -531,10 +546,12 @@ class DSparkDrafter(torch.nn.Module):
                      use_markov: bool = True, pick: Callable | None = None) -> DraftOutput:
         base = self.base_logits(h)  # [B, K, Vd]
         prev, toks, probs, dists, confs = anchors, [], [], [], []
+        temps = self.config.confidence_temperatures
         for k in range(self.config.block_size):
             bias = self.markov_bias(prev) if use_markov else None
             logits = base[:, k] if bias is None else base[:, k] + bias  # [B, Vd]
-            confs.append(torch.sigmoid(self.confidence_logits(h[:, k], prev)))
+            z = self.confidence_logits(h[:, k], prev)
+            confs.append(torch.sigmoid(z / temps[k] if temps else z))
             if pick is not None:
                 slot, p = pick(k, logits)
             elif temperature > 0:

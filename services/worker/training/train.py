@@ -238,6 +238,13 @@ class Trainer:
             if dcfg.draft_vocab_size:
                 drafter.set_draft_vocab(frequent_tokens(self.seqs, dcfg.draft_vocab_size,
                                                         dcfg.target_vocab_size))
+        if drafter.config.confidence_temperatures:
+            # calibration belongs to the weights it was fitted on: training changes them
+            from dataclasses import replace
+
+            drafter.config = replace(drafter.config, confidence_temperatures=())
+            print("[train] the confidence temperatures of the initial drafter are dropped "
+                  "(re-run `dspark calibrate-drafter` after training)", file=log)
         self.drafter = bind_for_training(drafter, llama)
         self.drafter.train()
         decay = [p for p in self.drafter.parameters() if p.ndim >= 2]
