@@ -117,6 +117,7 @@ class BudgetWorker:
                 self.last[rid] = ("verify", res, start)
                 c["verify" if n else "l0"] += 1
                 c["drafts"] += n
+                self.sampled.add(rid)  # (a prompt's 1-token last chunk may speculate)
             elif s.sample:
                 o.token_id = next_token(self._ctx(s.block_ids, start + len(toks)), s.seed)
                 self.last[rid] = ("token", o.token_id, start + len(toks))
@@ -346,3 +347,23 @@ def test_async_correction_after_a_zero_length_result():
     assert outs[0].new_token_ids == [21, 22] and r0.num_computed_tokens == 9
     assert len(r0.block_ids) == 3  # given back past the next anchor (position 9)
     assert (r0.spec.verify_steps, r0.spec.unverified_steps) == (1, 1)
+
+
+def test_only_the_requests_worth_their_drafting_cost_draft():
+    # drafting costs 20 ms per request on a 30 ms step: only a confident request pays
+    dear = SpsProfile(rows=(1, 256), forward_ms=(30.0, 30.0), draft_per_request_ms=20.0)
+    s = conf_scheduler(dear)
+    _prefill(s, 3)
+    s.get_request("r0").spec_confidences = [0.95] * K  # as from a last verify result
+    for rid in ("r1", "r2"):
+        s.get_request(rid).spec_confidences = [0.05] * K
+    plan = s.schedule()
+    ks = [q.num_speculative_tokens for q in plan.seqs]
+    assert ks[0] > 0 and ks[1:] == [0, 0] and plan.verify_budget == ks[0]
+    n = ks[0]
+    outs = s.update_from_output(plan, StepOutput(plan.step_id, [
+        _verify_out("r0", [21] * n, [21] * (n + 1), n),
+        SeqOutput("r1", token_id=31), SeqOutput("r2", token_id=41)]))
+    assert [len(o.new_token_ids) for o in outs] == [n + 1, 1, 1]
+    assert [s.get_request(f"r{i}").spec.unverified_steps for i in range(3)] == [0, 1, 1]
+    assert s.last_spec_events[1:] == [(0, 0, False, True)] * 2

@@ -84,3 +84,17 @@ def test_running_estimate_and_per_request_estimate():
     assert est == pytest.approx([0.9, 0.9 * 4 / 32])
     assert estimate([], run, 2) == pytest.approx(run)
     assert estimate([0.9, 0.8, 0.7], run, 2) == pytest.approx([0.9, 0.72])
+
+
+def test_only_requests_in_the_best_prefix_draft_and_pay_for_it():
+    from dspark.scheduler.core.verify_budget import choose_drafters
+
+    # drafting costs 20 ms per drafting request: the confident request's 3 drafts pay
+    # for its own drafting, the doubtful ones' would not pay for theirs
+    p = SpsProfile(rows=(1, 256), forward_ms=(30.0, 30.0), draft_per_request_ms=20.0)
+    cands = [[0.9, 0.8, 0.7, 0.0], [0.05, 0.0], [0.04, 0.0]]
+    v = size_verify_budget(p, 3, 3, cands, max_budget=20)
+    assert v == 3 and choose_drafters(cands, v) == {0}
+    # charged for all three requests, the same drafts would not pay at all
+    assert (3 + 2.4) / (30 + 60) < 3 / 30 < (3 + 2.4) / (30 + 20)
+    assert choose_drafters(cands, 0) == set() and choose_drafters(cands, 4) == {0, 1}

@@ -11,9 +11,10 @@ Verify policies (``WorkerInfo.verify_policy``):
   step's verify budget V from earlier confidences and the worker's measured
   costs (``verify_budget.size_verify_budget``). V = 0: no request drafts; the
   speculating requests' steps are plain one-row steps (counted as unverified
-  steps). V > 0: every speculating request drafts min(K, V) tokens, KV is
-  reserved for them, and the worker verifies the top V by current cumulative
-  confidence (``StepPlan.verify_budget``), l_r in 0..k per request. A result
+  steps). V > 0: the requests with an estimated candidate among the top V draft
+  min(K, V) tokens each, KV is reserved for them, and the worker verifies the
+  top V by current cumulative confidence (``StepPlan.verify_budget``), l_r in
+  0..k per request; the other speculating requests run plain (unverified) steps. A result
   with l_r = 0 commits the target's one token (an unverified step); KV reserved
   past what was used is given back when the result is committed.
 """
@@ -26,7 +27,7 @@ from dspark.shared.types import (FinishReason, RequestOutput, SeqOutput, SeqStep
 from dspark.shared.verify_fill import cumulative
 
 from .request import Request
-from .verify_budget import estimate, running_cumulative, size_verify_budget
+from .verify_budget import choose_drafters, estimate, running_cumulative, size_verify_budget
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -143,14 +144,15 @@ class SpeculationMixin:
         tokens = sum(1 for s in seqs if s.sample)
         v = size_verify_budget(self.sps_profile, rows, tokens, est,
                                min(budget, k_max * len(cands)))
+        drafters = choose_drafters(est, v)
         total = 0
-        for seq, req, anchor_pos in cands:
+        for i, (seq, req, anchor_pos) in enumerate(cands):
             cap = min(k_max, v, min(self.max_model_len, self._max_len) - 1 - anchor_pos)
-            k = self._reserve_drafts(req, anchor_pos, cap) if v else 0
+            k = self._reserve_drafts(req, anchor_pos, cap) if i in drafters else 0
             total += k
             seq.num_speculative_tokens = k
             seq.block_ids = list(req.block_ids)
-            note = "" if k else ("unverified" if v == 0 else "fallback")
+            note = "" if k else ("unverified" if i not in drafters else "fallback")
             if anchor_pos < req.num_prompt_tokens:
                 note = ""  # the prompt's last token: this step samples the first token
             if seq.deferred_anchor:

@@ -11,10 +11,11 @@ the budget V, the total number of draft rows the step verifies:
   anchors), expected tokens tau = the tokens it commits anyway (one per
   sampling sequence), time = forward(B), no drafting;
 - take the candidates (r, j) by a descending (ties: smaller j, then plan order):
-  each adds one row and a_{r,j} expected tokens; from the first one on, the
-  drafter runs for every speculating request (its measured fixed + per-request
-  cost);
-- V = the prefix with the best expected tokens per second, tau / time.
+  each adds one row and a_{r,j} expected tokens; the requests with a candidate
+  in the prefix are the ones that draft (the drafter's measured fixed cost from
+  the first one on, plus its per-request cost for each);
+- V = the prefix with the best expected tokens per second, tau / time, and
+  those requests draft (``choose_drafters``); the others run a plain step.
 
 DSPARK.md's synchronous walk stops at the first candidate that does not
 improve the rate; there that early stop keeps the selection independent of the
@@ -24,8 +25,8 @@ the walk may look at every prefix and keep the best: drafting costs a step at
 V = 1 (the drafter runs for all speculating requests at once), after which a
 run of cheap rows can still pay it back.
 
-The worker then verifies, per request, the prefix of its current drafts that
-the top V candidates by current cumulative confidence choose.
+The worker then verifies, per drafting request, the prefix of its current
+drafts that the top V candidates by current cumulative confidence choose.
 """
 from __future__ import annotations
 
@@ -52,20 +53,31 @@ def size_verify_budget(profile: SpsProfile, base_rows: int, base_tokens: int,
         confidences a_{r,1..K} (non-increasing, in [0, 1]).
       max_budget: the most draft rows the step may take (token budget, K per request).
     """
-    cands = sorted((-a, j, r) for r, cs in enumerate(candidates)
-                   for j, a in enumerate(cs, start=1) if a > 0.0)
-    cands = cands[:max(0, max_budget)]
+    cands = _ranked(candidates)[:max(0, max_budget)]
     if not cands:
         return 0
-    drafting = len(candidates)
+    drafting: set[int] = set()
     tau = float(base_tokens)
     best_v, best_rate = 0, tau / profile.step(base_rows, 0)
-    for v, (neg_a, _, _) in enumerate(cands, start=1):
+    for v, (neg_a, _, r) in enumerate(cands, start=1):
         tau -= neg_a
-        rate = tau / profile.step(base_rows + v, drafting)
+        drafting.add(r)
+        rate = tau / profile.step(base_rows + v, len(drafting))
         if rate > best_rate:
             best_v, best_rate = v, rate
     return best_v
+
+
+def choose_drafters(candidates: Sequence[Sequence[float]], v: int) -> set[int]:
+    """The requests (indices into ``candidates``) with a candidate among the top v:
+    the ones that draft this step."""
+    return {r for _, _, r in _ranked(candidates)[:max(0, v)]}
+
+
+def _ranked(candidates: Sequence[Sequence[float]]) -> list[tuple[float, int, int]]:
+    """(-a, j, r) for every candidate with a > 0, best first (ties: smaller j, then r)."""
+    return sorted((-a, j, r) for r, cs in enumerate(candidates)
+                  for j, a in enumerate(cs, start=1) if a > 0.0)
 
 
 def running_cumulative(accepted_per_pos: Sequence[int], verified_per_pos: Sequence[int],
