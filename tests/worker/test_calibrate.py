@@ -48,6 +48,10 @@ def test_fit_recovers_the_temperatures_that_made_the_data():
     assert after[0] < before[0] / 3 and after[1] < before[1]  # T_1 = 3 was far off 1
     assert all(e < 0.02 for e in after)
     # survival of k drafts is the product of the first k calibrated confidences
+    # a position almost no step reaches keeps the previous temperature
+    few = accepted.clamp(max=1)  # nobody accepts 2 drafts
+    t_few, _, _ = fit_temperatures(z, few)
+    assert t_few[1] == t_few[2] == t_few[0]
     a = survival(z, temps)
     assert torch.allclose(a[:, 1], torch.sigmoid(z[:, 0] / temps[0]) *
                           torch.sigmoid(z[:, 1] / temps[1]))

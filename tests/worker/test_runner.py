@@ -203,7 +203,10 @@ def test_tap_tail_is_bounded_and_rewinds(tmp_path):
     r.step(StepPlan(2, [SeqStep("t", toks[150:160], 150, blocks, sample=False)]))  # rewind
     start, tail = r.tap_tail("t")
     assert start + tail.shape[0] == 160
-    torch.testing.assert_close(tail[-10:], before[:10])
+    # the same rows recomputed in a 10-row chunk instead of a 20-row one: equal up to
+    # fp32 GEMM rounding, which depends on the matrix shape (and on the threads'
+    # blocking: 1.2e-5 seen on a busy machine, past assert_close's default 1e-5)
+    torch.testing.assert_close(tail[-10:], before[:10], rtol=1e-4, atol=1e-4)
 
 
 def test_warmup_and_auto_dtype(tiny_model_dir):

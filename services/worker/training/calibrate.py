@@ -52,11 +52,15 @@ def survival(z: torch.Tensor, temps) -> torch.Tensor:
     return torch.cumprod(torch.sigmoid(z[:, :len(temps)] / t), 1)
 
 
-def fit_temperatures(z: torch.Tensor, accepted: torch.Tensor, grid=GRID, bins: int = 20
-                     ) -> tuple[list[float], list[float], list[float]]:
+def fit_temperatures(z: torch.Tensor, accepted: torch.Tensor, grid=GRID, bins: int = 20,
+                     min_positives: int = 20) -> tuple[list[float], list[float], list[float]]:
     """z [N, K] confidence logits, accepted [N] drafts accepted per step (0..K).
 
-    Returns (T_1..T_K, ECE per position before, ECE per position after)."""
+    Returns (T_1..T_K, ECE per position before, ECE per position after). A
+    position with fewer than ``min_positives`` steps that reached it keeps the
+    previous position's temperature: with (almost) no survivors the ECE is
+    minimised by squashing every prediction to 0, which says nothing about how
+    the head behaves once drafts do survive that far."""
     z = z.double()
     k_max = z.shape[1]
     temps: list[float] = []
@@ -65,6 +69,10 @@ def fit_temperatures(z: torch.Tensor, accepted: torch.Tensor, grid=GRID, bins: i
     for k in range(1, k_max + 1):
         label = (accepted >= k).double()
         before.append(ece(survival(z, ones[:k])[:, -1], label, bins))
+        if int(label.sum()) < min_positives:
+            temps.append(temps[-1] if temps else 1.0)
+            after.append(ece(survival(z, temps)[:, -1], label, bins))
+            continue
         best_t, best_e = 1.0, float("inf")
         for t in grid:
             e = ece(survival(z, temps + [t])[:, -1], label, bins)
