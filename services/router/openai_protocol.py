@@ -227,6 +227,11 @@ def spec_summary_json(s: common_pb2.SpecSummary) -> dict:
         "per_position_acceptance": [round(float(x), 6) for x in s.per_position_acceptance],
         "fallback_steps": s.fallback_steps,
         "num_speculative_tokens": s.num_speculative_tokens,
+        # confidence-scheduled verification: steps the budget left without drafts,
+        # and how many drafts were judged / accepted at each position
+        "unverified_steps": s.unverified_steps,
+        "verified_per_position": list(s.verified_per_position),
+        "accepted_per_position": list(s.accepted_per_position),
     }
 
 

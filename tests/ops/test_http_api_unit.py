@@ -149,7 +149,9 @@ def test_unknown_model_is_404_before_generating():
 
 SPEC = common_pb2.SpecSummary(verify_steps=2, num_draft_tokens=8, num_accepted_tokens=5,
                               mean_accepted_length=3.5, per_position_acceptance=[1.0, 0.75],
-                              fallback_steps=1, num_speculative_tokens=4)
+                              fallback_steps=1, num_speculative_tokens=4,
+                              unverified_steps=3, verified_per_position=[2, 2],
+                              accepted_per_position=[2, 1])
 
 
 def test_spec_summary_non_streaming_and_streaming():
@@ -162,7 +164,8 @@ def test_spec_summary_non_streaming_and_streaming():
     assert out["spec_summary"] == {
         "verify_steps": 2, "num_draft_tokens": 8, "num_accepted_tokens": 5,
         "mean_accepted_length": 3.5, "per_position_acceptance": [1.0, 0.75],
-        "fallback_steps": 1, "num_speculative_tokens": 4}
+        "fallback_steps": 1, "num_speculative_tokens": 4, "unverified_steps": 3,
+        "verified_per_position": [2, 2], "accepted_per_position": [2, 1]}
     st, h, text = run(f, lambda c: post(c, "/v1/chat/completions", {
         "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "stream": True,
         "return_spec_summary": True, "stream_options": {"include_usage": True}}))
