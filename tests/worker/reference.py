@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -54,3 +55,32 @@ def dense_forward(cfg: dict, w: dict, tokens: list[int]) -> tuple[torch.Tensor, 
         hidden.append(x)
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
     return rms(x, w["model.norm.weight"]) @ head.T, hidden
+
+
+def _chi2_sf(x: float, dof: int) -> float:
+    """Chi-square survival function (Wilson-Hilferty normal approximation)."""
+    z = ((x / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def two_token_fit(model_dir: Path, prompt: list[int], temp: float,
+                  outputs) -> tuple[float, float, int]:
+    """Chi-square goodness of fit of the first two generated tokens of ``outputs``
+    (one token list per seed) against the tiny model's exact joint P(t1, t2) at
+    ``temp`` (reference forward). Returns (p-value, chi2, degrees of freedom); cells
+    expected below 5 are pooled."""
+    cfg, w = load_weights(model_dir)
+    v = cfg["vocab_size"]
+    p1 = torch.softmax(dense_forward(cfg, w, prompt)[0][-1] / temp, -1)
+    logits2 = torch.stack([dense_forward(cfg, w, prompt + [t])[0][-1] for t in range(v)])
+    joint = p1[:, None] * torch.softmax(logits2 / temp, -1)  # [V, V]
+    counts = torch.zeros(v, v)
+    for toks in outputs:
+        counts[toks[0], toks[1]] += 1
+    exp, obs = joint.flatten() * len(outputs), counts.flatten()
+    big = exp >= 5
+    e = torch.cat([exp[big], exp[~big].sum().unsqueeze(0)])
+    o = torch.cat([obs[big], obs[~big].sum().unsqueeze(0)])
+    chi2 = float(((o - e) ** 2 / e).sum())
+    dof = int(big.sum())
+    return _chi2_sf(chi2, dof), chi2, dof

@@ -15,8 +15,8 @@ from dspark.shared.types import SamplingParams, SeqStep, SpsProfile, StepPlan
 from dspark.shared.verify_fill import fill_verify_budget
 from dspark.worker.training.engine import OfflineEngine
 
-from .reference import dense_forward, load_weights
-from .test_spec_runner import K, _chi2_sf, drafter_dir, prompts, runner  # noqa: F401
+from .reference import two_token_fit
+from .test_spec_runner import K, drafter_dir, prompts, runner  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FREE = SpsProfile(rows=(1, 256), forward_ms=(30.0, 30.0))  # extra rows cost nothing
@@ -153,19 +153,8 @@ def test_sampled_under_a_budget_follows_the_target_distribution(runners, tiny_mo
     st = core.spec_totals
     assert st.unverified_steps > 0 and st.verify_steps > 0  # both kinds of step ran
     assert 0 < st.num_accepted_tokens < st.num_draft_tokens
-    cfg, w = load_weights(tiny_model_dir)
-    p1 = torch.softmax(dense_forward(cfg, w, prompt)[0][-1] / temp, -1)
-    logits2 = torch.stack([dense_forward(cfg, w, prompt + [t])[0][-1] for t in range(97)])
-    joint = p1[:, None] * torch.softmax(logits2 / temp, -1)  # [97, 97]
-    counts = torch.zeros(97, 97)
-    for toks in out.values():
-        counts[toks[0], toks[1]] += 1
-    exp, obs = joint.flatten() * n, counts.flatten()
-    big = exp >= 5
-    e = torch.cat([exp[big], exp[~big].sum().unsqueeze(0)])
-    o = torch.cat([obs[big], obs[~big].sum().unsqueeze(0)])
-    chi2 = float(((o - e) ** 2 / e).sum())
-    assert _chi2_sf(chi2, int(big.sum())) > 1e-3, (chi2, int(big.sum()))
+    pval, chi2, dof = two_token_fit(tiny_model_dir, prompt, temp, list(out.values()))
+    assert pval > 1e-3, (chi2, dof)
 
 
 def test_zero_budget_step_is_a_plain_step(runners):

@@ -6,7 +6,6 @@ from lease rings, verify rows in the batched forward, acceptance by the schedule
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import pytest
@@ -20,7 +19,7 @@ from dspark.worker.runner import ModelRunner, model_fingerprint
 from dspark.worker.spec import LeasePool
 from dspark.worker.training.engine import OfflineEngine
 
-from .reference import dense_forward, load_weights
+from .reference import two_token_fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 K = 7
@@ -133,12 +132,6 @@ def test_reused_lease_never_shows_the_previous_rows(runners):
     assert pool.owner[0] is None
 
 
-def _chi2_sf(x: float, dof: int) -> float:
-    """Chi-square survival function (Wilson-Hilferty normal approximation)."""
-    z = ((x / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 @torch.inference_mode()
 def test_sampled_speculation_follows_the_target_distribution(runners, tiny_model_dir):
     """Lossless: the first two generated tokens over many seeds follow the target's
@@ -152,22 +145,8 @@ def test_sampled_speculation_follows_the_target_distribution(runners, tiny_model
     out, core = generate(r7, items, max_num_seqs=4)
     assert core.spec_totals.num_accepted_tokens > 0  # some drafts were accepted
     assert core.spec_totals.num_accepted_tokens < core.spec_totals.num_draft_tokens
-    # exact joint P(t1, t2) from the reference forward of the tiny model
-    cfg, w = load_weights(tiny_model_dir)
-    p1 = torch.softmax(dense_forward(cfg, w, prompt)[0][-1] / temp, -1)
-    logits2 = torch.stack([dense_forward(cfg, w, prompt + [t])[0][-1] for t in range(97)])
-    joint = p1[:, None] * torch.softmax(logits2 / temp, -1)  # [97, 97]
-    counts = torch.zeros(97, 97)
-    for toks in out.values():
-        counts[toks[0], toks[1]] += 1
-    exp = joint.flatten() * n
-    obs = counts.flatten()
-    big = exp >= 5
-    e = torch.cat([exp[big], exp[~big].sum().unsqueeze(0)])
-    o = torch.cat([obs[big], obs[~big].sum().unsqueeze(0)])
-    chi2 = float(((o - e) ** 2 / e).sum())
-    dof = int(big.sum())
-    assert _chi2_sf(chi2, dof) > 1e-3, (chi2, dof)
+    pval, chi2, dof = two_token_fit(tiny_model_dir, prompt, temp, list(out.values()))
+    assert pval > 1e-3, (chi2, dof)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
