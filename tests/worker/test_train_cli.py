@@ -78,3 +78,75 @@ def test_unavailable_device_is_a_clear_error(tiny, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--device cuda" in err and "cuda" in err.lower()
     assert not (tmp_path / "a").exists()
+
+
+def test_take_tokens_is_a_seeded_whole_record_subset():
+    from dspark.worker.training.cli import take_tokens
+
+    recs = [{"id": i, "output_ids": [0] * (10 + i)} for i in range(20)]
+    a = take_tokens(recs, 100, seed=3)
+    assert a == take_tokens(recs, 100, seed=3)
+    n = sum(len(r["output_ids"]) for r in a)
+    # whole records, stopping at the first that reaches the budget
+    assert 100 <= n < 100 + 30 and n - len(a[-1]["output_ids"]) < 100
+    assert [r["id"] for r in a] != [r["id"] for r in take_tokens(recs, 100, seed=4)]
+    assert take_tokens(recs, 0) == []
+    assert len(take_tokens(recs, 10**6)) == 20
+
+
+def test_data_budget_stops_the_run(tiny, tmp_path):
+    model, data = tiny
+    out = tmp_path / "stats.json"
+    # no step or time limit: the data budget alone ends it (40 labelled tokens per
+    # sequence, 2 sequences per step -> one step reaches 50)
+    assert dspark_main(_args(model, data, tmp_path / "a", "--max-data-tokens", "50",
+                             "--anchor-stride", "4", "--json", str(out))) == 0
+    stats = json.loads(out.read_text())
+    assert stats["data_tokens"] == 80 and stats["steps"] == 1
+
+
+def test_selfgen_cap_zero_needs_another_source(tiny, tmp_path, capsys):
+    model, data = tiny
+    rc = dspark_main(_args(model, data, tmp_path / "a", "--max-steps", "1",
+                           "--selfgen-tokens", "0"))
+    assert rc == 1
+    assert "no training data" in capsys.readouterr().err
+
+
+def test_selfgen_cap_limits_the_sequences(tiny, tmp_path):
+    model, data = tiny
+    out = tmp_path / "stats.json"
+    # 5 training records of 40 tokens; a cap of 60 keeps 2 of them
+    assert dspark_main(_args(model, data, tmp_path / "a", "--max-steps", "1",
+                             "--selfgen-tokens", "60", "--json", str(out))) == 0
+    assert json.loads(out.read_text())["sequences"] == 2
+
+
+def test_draft_vocab_from_another_checkpoint(tiny, tmp_path, capsys):
+    model, data = tiny
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert dspark_main(["train-drafter", "--model", str(model), "--data", str(data),
+                        "--out", str(a), "--threads", "1", "--eval-anchors", "0",
+                        "--batch-anchors", "8", "--tap-layer-ids", "0", "1", "2",
+                        "--draft-vocab-size", "24", "--max-steps", "1"]) == 0
+    vocab_a = load_file(str(a / "drafter.safetensors"))["draft_vocab"]
+    # other data: its own most frequent tokens would differ; the given vocabulary wins
+    other = tmp_path / "other"
+    _shard(other, seed=7)
+    assert dspark_main(["train-drafter", "--model", str(model), "--data", str(other),
+                        "--out", str(b), "--threads", "1", "--eval-anchors", "0",
+                        "--batch-anchors", "8", "--tap-layer-ids", "0", "1", "2",
+                        "--draft-vocab-from", str(a), "--max-steps", "1"]) == 0
+    assert torch.equal(load_file(str(b / "drafter.safetensors"))["draft_vocab"], vocab_a)
+    # a size that disagrees, and a full-vocabulary source, are clear errors
+    rc = dspark_main(["train-drafter", "--model", str(model), "--data", str(other),
+                      "--out", str(tmp_path / "c"), "--threads", "1", "--eval-anchors", "0",
+                      "--tap-layer-ids", "0", "1", "2", "--draft-vocab-size", "30",
+                      "--draft-vocab-from", str(a), "--max-steps", "1"])
+    assert rc == 2 and "holds 24 tokens" in capsys.readouterr().err
+    full = tmp_path / "full"
+    assert dspark_main(_args(model, data, full, "--max-steps", "1")) == 0
+    with pytest.raises(SystemExit, match="full vocabulary"):
+        dspark_main(["train-drafter", "--model", str(model), "--data", str(data),
+                     "--out", str(tmp_path / "d"), "--threads", "1",
+                     "--draft-vocab-from", str(full), "--max-steps", "1"])

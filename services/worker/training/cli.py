@@ -31,8 +31,18 @@ def main(args) -> int:
     data = Path(args.data)
     train_recs = list(read_records(data, "train"))
     held = list(read_records(data, "heldout"))
-    if not train_recs:
-        print(f"train-drafter: no training records in {data} (run `dspark gen-drafter-data`)",
+    if not train_recs and not held:
+        print(f"train-drafter: no records in {data} (run `dspark gen-drafter-data`)",
+              file=sys.stderr)
+        return 1
+    if args.selfgen_tokens is not None:
+        # a cap on the self-generated answers (whole sequences, a seeded random subset
+        # so every prompt set is represented; 0 = none):
+        # with --text-sources it makes one-source-at-a-time runs (the held-out split
+        # still scores them all)
+        train_recs = take_tokens(train_recs, args.selfgen_tokens, seed=args.seed)
+    if not train_recs and not args.text_tokens:
+        print(f"train-drafter: no training data (no records in {data} and no --text-tokens)",
               file=sys.stderr)
         return 1
     # The target runs in fp32 for training: on CPUs without AMX its prefill-sized
@@ -64,7 +74,15 @@ def main(args) -> int:
                       anchor_stride=args.anchor_stride,
                       eval_every_tokens=args.eval_every_tokens,
                       eval_anchors=args.eval_anchors,
+                      max_data_tokens=args.max_data_tokens,
+                      draft_vocab=_vocab_from(args.draft_vocab_from),
                       drafter_overrides=_drafter_overrides(args))
+    if cfg.draft_vocab is not None:
+        n = cfg.drafter_overrides.setdefault("draft_vocab_size", len(cfg.draft_vocab))
+        if n != len(cfg.draft_vocab):
+            print(f"train-drafter: --draft-vocab-size {n} but --draft-vocab-from "
+                  f"{args.draft_vocab_from} holds {len(cfg.draft_vocab)} tokens", file=sys.stderr)
+            return 2
     init = None
     if args.init_from and resume is None:
         # Warm start: the weights of an existing drafter (for example the shipped one),
@@ -77,7 +95,7 @@ def main(args) -> int:
             model_id=model_fingerprint(model_dir), vocab_size=a.vocab_size,
             hidden_size=a.hidden_size, num_layers=a.num_layers, dtype=torch.float32,
             device=str(device)))
-        if cfg.drafter_overrides:
+        if cfg.drafter_overrides or cfg.draft_vocab is not None:
             print("train-drafter: --init-from takes the architecture of the checkpoint; "
                   f"drop {sorted(cfg.drafter_overrides)}", file=sys.stderr)
             return 2
@@ -103,6 +121,43 @@ def main(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def take_tokens(records: list[dict], budget: int, seed: int = 0) -> list[dict]:
+    """A seeded random subset of whole records whose answers hold ``budget`` labelled
+    tokens (the last record taken may pass the budget)."""
+    import random
+
+    order = list(records)
+    random.Random(seed).shuffle(order)
+    out, n = [], 0
+    for r in order:
+        if n >= budget:
+            break
+        out.append(r)
+        n += len(r["output_ids"])
+    return out
+
+
+def _vocab_from(path: str) -> list[int] | None:
+    """The pruned draft vocabulary of an existing drafter checkpoint."""
+    if not path:
+        return None
+    from safetensors import safe_open
+
+    from dspark.worker.model.drafter_ckpt import WEIGHTS_FILE
+
+    f = Path(path) / WEIGHTS_FILE
+    try:
+        with safe_open(str(f), framework="pt") as st:
+            if "draft_vocab" not in st.keys():
+                raise SystemExit(f"train-drafter: --draft-vocab-from {path}: that drafter "
+                                 "drafts the full vocabulary (no draft_vocab tensor)")
+            return st.get_tensor("draft_vocab").tolist()
+    except SystemExit:
+        raise
+    except Exception as e:
+        raise SystemExit(f"train-drafter: --draft-vocab-from {path}: cannot read {f} ({e})")
 
 
 def _drafter_overrides(args) -> dict:
@@ -166,6 +221,14 @@ def add_parser(sub) -> None:
     t.add_argument("--text-seq-len", type=int, default=512)
     t.add_argument("--prompts", default=str(_datasets_train()),
                    help="training prompt files (the train-prompts text source)")
+    t.add_argument("--selfgen-tokens", type=int, default=None,
+                   help="use at most this many labelled tokens of the self-generated answers "
+                        "(default: all; 0 = none, e.g. for a text-only run)")
+    t.add_argument("--max-data-tokens", type=int, default=None,
+                   help="data budget: stop after this many new labelled tokens")
+    t.add_argument("--draft-vocab-from", default="",
+                   help="a fresh drafter takes the pruned draft vocabulary of this checkpoint "
+                        "(instead of this run's most frequent tokens)")
     t.add_argument("--eval-every-tokens", type=int, default=0,
                    help="learning curve: held-out tau every N new labelled tokens")
     t.add_argument("--json", default=None, help="write the stats here")

@@ -79,10 +79,20 @@ class TrainConfig:
     anchor_stride: int = 0
     eval_every_tokens: int = 0          # held-out tau every N new labelled tokens
     eval_anchors: int = 512
+    # a data budget: stop once this many new labelled tokens have been seen (the
+    # per-source comparisons give every arm the same one)
+    max_data_tokens: int | None = None
+    # a fresh drafter's pruned draft vocabulary, given (e.g. another checkpoint's) instead
+    # of the most frequent tokens of this run's data: arms on different data share one
+    draft_vocab: list[int] | None = None
 
     def validate(self) -> None:
-        if self.max_steps is None and self.time_budget_s is None:
-            raise ValueError("TrainConfig: set max_steps and/or time_budget_s")
+        if self.max_steps is None and self.time_budget_s is None and \
+                self.max_data_tokens is None:
+            raise ValueError("TrainConfig: set max_steps, time_budget_s and/or "
+                             "max_data_tokens")
+        if self.max_data_tokens is not None and self.max_data_tokens < 1:
+            raise ValueError(f"TrainConfig.max_data_tokens={self.max_data_tokens} must be >= 1")
         for name in ("batch_anchors", "seqs_per_step", "feature_cache", "chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
@@ -235,7 +245,12 @@ class Trainer:
             drafter = DSparkDrafter(dcfg).to(dev)
             if cfg.init_from_target:
                 drafter.init_from_target(llama)
-            if dcfg.draft_vocab_size:
+            if cfg.draft_vocab is not None:
+                if len(cfg.draft_vocab) != dcfg.draft_vocab_size:
+                    raise ValueError(f"TrainConfig.draft_vocab holds {len(cfg.draft_vocab)} "
+                                     f"ids, draft_vocab_size is {dcfg.draft_vocab_size}")
+                drafter.set_draft_vocab(list(cfg.draft_vocab))
+            elif dcfg.draft_vocab_size:
                 drafter.set_draft_vocab(frequent_tokens(self.seqs, dcfg.draft_vocab_size,
                                                         dcfg.target_vocab_size))
         if drafter.config.confidence_temperatures:
@@ -323,6 +338,8 @@ class Trainer:
             frac = (step - c.warmup_steps) / max(c.max_steps - c.warmup_steps, 1)
         if c.time_budget_s:
             frac = max(frac, self.elapsed / c.time_budget_s)
+        if c.max_data_tokens:
+            frac = max(frac, self.data_tokens / c.max_data_tokens)
         frac = min(max(frac, 0.0), 1.0)
         lo = c.lr * c.min_lr_ratio
         return lo + (c.lr - lo) * 0.5 * (1 + math.cos(math.pi * frac))
@@ -330,7 +347,8 @@ class Trainer:
     def done(self) -> bool:
         c = self.cfg
         return (c.max_steps is not None and self.step_no >= c.max_steps) or \
-            (c.time_budget_s is not None and self.elapsed >= c.time_budget_s)
+            (c.time_budget_s is not None and self.elapsed >= c.time_budget_s) or \
+            (c.max_data_tokens is not None and self.data_tokens >= c.max_data_tokens)
 
     # ---- one step ----------------------------------------------------------
     def features(self, i: int) -> Features:
@@ -498,6 +516,8 @@ class Trainer:
             etas.append((c.max_steps - self.step_no) * self.elapsed / max(self.step_no, 1))
         if c.time_budget_s:
             etas.append(c.time_budget_s - self.elapsed)
+        if c.max_data_tokens and self.data_tokens:
+            etas.append((c.max_data_tokens - self.data_tokens) * self.elapsed / self.data_tokens)
         eta = max(min(etas), 0.0) if etas else float("nan")
         print(f"[train] step {self.step_no}"
               f"{'/' + str(c.max_steps) if c.max_steps else ''} "
