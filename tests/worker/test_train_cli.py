@@ -146,7 +146,11 @@ def test_draft_vocab_from_another_checkpoint(tiny, tmp_path, capsys):
     assert rc == 2 and "holds 24 tokens" in capsys.readouterr().err
     full = tmp_path / "full"
     assert dspark_main(_args(model, data, full, "--max-steps", "1")) == 0
-    with pytest.raises(SystemExit, match="full vocabulary"):
-        dspark_main(["train-drafter", "--model", str(model), "--data", str(data),
-                     "--out", str(tmp_path / "d"), "--threads", "1",
-                     "--draft-vocab-from", str(full), "--max-steps", "1"])
+    rc = dspark_main(["train-drafter", "--model", str(model), "--data", str(data),
+                      "--out", str(tmp_path / "d"), "--threads", "1",
+                      "--draft-vocab-from", str(full), "--max-steps", "1"])
+    assert rc == 2 and "full vocabulary" in capsys.readouterr().err
+    rc = dspark_main(["train-drafter", "--model", str(model), "--data", str(data),
+                      "--out", str(tmp_path / "e"), "--threads", "1",
+                      "--draft-vocab-from", str(tmp_path / "missing"), "--max-steps", "1"])
+    assert rc == 2 and "cannot read" in capsys.readouterr().err

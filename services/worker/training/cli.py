@@ -75,9 +75,14 @@ def main(args) -> int:
                       eval_every_tokens=args.eval_every_tokens,
                       eval_anchors=args.eval_anchors,
                       max_data_tokens=args.max_data_tokens,
-                      draft_vocab=_vocab_from(args.draft_vocab_from),
                       drafter_overrides=_drafter_overrides(args))
-    if cfg.draft_vocab is not None:
+    if args.draft_vocab_from:
+        try:
+            cfg.draft_vocab = draft_vocab_of(Path(args.draft_vocab_from))
+        except ValueError as e:
+            print(f"train-drafter: --draft-vocab-from {args.draft_vocab_from}: {e}",
+                  file=sys.stderr)
+            return 2
         n = cfg.drafter_overrides.setdefault("draft_vocab_size", len(cfg.draft_vocab))
         if n != len(cfg.draft_vocab):
             print(f"train-drafter: --draft-vocab-size {n} but --draft-vocab-from "
@@ -139,25 +144,24 @@ def take_tokens(records: list[dict], budget: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def _vocab_from(path: str) -> list[int] | None:
-    """The pruned draft vocabulary of an existing drafter checkpoint."""
-    if not path:
-        return None
+def draft_vocab_of(directory: Path) -> list[int]:
+    """The pruned draft vocabulary of an existing drafter checkpoint (ValueError when it
+    drafts the full vocabulary or cannot be read)."""
     from safetensors import safe_open
 
     from dspark.worker.model.drafter_ckpt import WEIGHTS_FILE
 
-    f = Path(path) / WEIGHTS_FILE
+    f = directory / WEIGHTS_FILE
     try:
         with safe_open(str(f), framework="pt") as st:
             if "draft_vocab" not in st.keys():
-                raise SystemExit(f"train-drafter: --draft-vocab-from {path}: that drafter "
-                                 "drafts the full vocabulary (no draft_vocab tensor)")
+                raise ValueError("that drafter drafts the full vocabulary (no draft_vocab "
+                                 "tensor)")
             return st.get_tensor("draft_vocab").tolist()
-    except SystemExit:
+    except ValueError:
         raise
-    except Exception as e:
-        raise SystemExit(f"train-drafter: --draft-vocab-from {path}: cannot read {f} ({e})")
+    except Exception as e:  # missing or corrupt file
+        raise ValueError(f"cannot read {f} ({e})") from None
 
 
 def _drafter_overrides(args) -> dict:
