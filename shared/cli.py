@@ -259,7 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", type=int, default=32)
     d.add_argument("--temperature", type=float, default=0.0)
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--time-budget-min", type=float, default=0.0, help="0 = no limit")
+    d.add_argument("--time-budget-min", type=float, default=0.0,
+                   help="stop after M minutes: answers still running are kept cut short "
+                        "(finish DEADLINE), queued prompts are left for the next run "
+                        "(0 = no limit)")
     d.add_argument("--limit", type=int, default=0, help="at most this many new prompts")
     d.set_defaults(fn=cmd_gen_drafter_data)
 

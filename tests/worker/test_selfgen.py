@@ -52,6 +52,60 @@ def test_offline_engine_matches_one_at_a_time(tiny_model_dir):
     assert engine.tokens_generated == 35
 
 
+class _Clock:
+    """time.monotonic for the engine: each call advances one tick."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 1.0
+        return self.t
+
+
+def test_a_deadline_cuts_running_answers_and_drops_the_queue(tiny_model_dir, monkeypatch):
+    import dspark.worker.training.engine as engine_mod
+
+    runner = _runner(tiny_model_dir)
+    prompts = {f"p{i}": [5 + i, 9, 11 + 2 * i, 4] * 2 for i in range(6)}
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    full = {rid: toks for rid, toks, _ in OfflineEngine(runner, max_num_seqs=2).generate(
+        (rid, p, params) for rid, p in prompts.items())}
+    clock = _Clock()
+    monkeypatch.setattr(engine_mod.time, "monotonic", clock)
+    engine = OfflineEngine(runner, max_num_seqs=2, max_num_batched_tokens=64)
+    got = list(engine.generate(((rid, p, params) for rid, p in prompts.items()), deadline=6.0))
+    # two answers run (batch 2), two more wait; at the deadline the running ones
+    # are cut with what they have, the queued ones are dropped unanswered
+    assert [f for _, _, f in got] == ["DEADLINE", "DEADLINE"]
+    for rid, toks, _ in got:
+        assert 0 < len(toks) < 12 and toks == full[rid][:len(toks)], rid
+    assert not engine.core.has_unfinished()
+    assert engine.core.allocator.num_free == engine.core.allocator.num_total
+    assert clock.t < 12  # no step ran after the deadline
+
+
+def test_generation_time_budget_is_a_hard_stop(tiny_model_dir, tmp_path, monkeypatch):
+    import dspark.worker.training.engine as engine_mod
+    import dspark.worker.training.selfgen as selfgen_mod
+
+    runner = _runner(tiny_model_dir)
+    prompts = [(f"set:{i}", f"question number {i}") for i in range(8)]
+    clock = _Clock()
+    monkeypatch.setattr(engine_mod.time, "monotonic", clock)
+    monkeypatch.setattr(selfgen_mod.time, "monotonic", clock)
+    s1 = generate(runner, FakeTokenizer(), prompts, tmp_path,
+                  GenConfig(max_tokens=40, batch=2, time_budget_s=8))
+    recs = list(read_records(tmp_path))
+    assert s1["prompts_done"] == len(recs) == s1["cut_at_deadline"] == 2
+    assert all(r["finish"] == "DEADLINE" and 0 < len(r["output_ids"]) < 40 for r in recs)
+    # the dropped prompts are still to do: a later run answers exactly those
+    monkeypatch.undo()
+    s2 = generate(runner, FakeTokenizer(), prompts, tmp_path, GenConfig(max_tokens=4, batch=4))
+    assert s2["prompts_done"] == 6 and s2["cut_at_deadline"] == 0
+    assert sorted(r["id"] for r in read_records(tmp_path)) == sorted(p for p, _ in prompts)
+
+
 def test_generation_is_resumable(tiny_model_dir, tmp_path):
     runner = _runner(tiny_model_dir)
     prompts = [(f"set:{i}", f"question number {i}") for i in range(6)]

@@ -4,6 +4,7 @@ KV-block management as the served path, for offline jobs (drafter data
 generation, evaluation) that want the engine's best throughput."""
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 
@@ -14,7 +15,13 @@ from dspark.shared.types import SamplingParams
 
 class OfflineEngine:
     """generate(): feed (id, prompt ids, params) items, yield (id, output ids,
-    finish reason) as requests finish, keeping up to max_num_seqs in flight."""
+    finish reason) as requests finish, keeping up to max_num_seqs in flight.
+
+    With a deadline (a time.monotonic() value) nothing new is admitted once it
+    passes, requests still queued are dropped unanswered, and those running are
+    cut where they are: each is yielded with the tokens it has (a prefix of
+    its full answer) and the finish reason "DEADLINE", and every KV block and
+    lease is given back, so a time budget is kept to within one step."""
 
     def __init__(self, runner, max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
                  info=None, async_scheduling: bool = False):
@@ -29,14 +36,17 @@ class OfflineEngine:
         self.tokens_generated = 0
         self.core: Scheduler | None = None  # the last generate()'s (its spec_totals)
 
-    def generate(self, items: Iterable[tuple[str, list[int], SamplingParams]]
-                 ) -> Iterator[tuple[str, list[int], str]]:
+    def generate(self, items: Iterable[tuple[str, list[int], SamplingParams]],
+                 deadline: float | None = None) -> Iterator[tuple[str, list[int], str]]:
         core = self.core = Scheduler(self.config, self.info)
         pending = iter(items)
         outputs: dict[str, list[int]] = {}
         exhausted = False
         inflight: deque = deque()  # (plan, output) run but not applied yet
         while True:
+            if deadline is not None and time.monotonic() >= deadline:
+                yield from self._cut(core, inflight, outputs)
+                return
             # keep the waiting queue topped up so batches stay full
             while not exhausted and core.load()["num_waiting"] < self.config.max_num_seqs:
                 try:
@@ -56,10 +66,26 @@ class OfflineEngine:
             # async: step N+1 was planned (and run) before step N's result is applied
             keep = 1 if (self.config.async_scheduling and plan is not None) else 0
             while len(inflight) > keep:
-                done_plan, out_ = inflight.popleft()
-                for out in core.update_from_output(done_plan, out_):
-                    outputs[out.request_id] += out.new_token_ids
-                    self.tokens_generated += len(out.new_token_ids)
-                    if out.finished:
-                        self.runner.release([out.request_id])
-                        yield out.request_id, outputs.pop(out.request_id), out.finish_reason.name
+                yield from self._apply(core, *inflight.popleft(), outputs)
+
+    def _apply(self, core: Scheduler, plan, output, outputs: dict[str, list[int]]
+               ) -> Iterator[tuple[str, list[int], str]]:
+        """Apply one step's result; yield the requests it finished."""
+        for out in core.update_from_output(plan, output):
+            outputs[out.request_id] += out.new_token_ids
+            self.tokens_generated += len(out.new_token_ids)
+            if out.finished:
+                self.runner.release([out.request_id])
+                yield out.request_id, outputs.pop(out.request_id), out.finish_reason.name
+
+    def _cut(self, core: Scheduler, inflight: deque, outputs: dict[str, list[int]]
+             ) -> Iterator[tuple[str, list[int], str]]:
+        """The deadline passed: apply the steps already run, then abort the rest."""
+        while inflight:
+            yield from self._apply(core, *inflight.popleft(), outputs)
+        for rid in core.waiting_ids() + core.running_ids():
+            core.abort(rid)
+            self.runner.release([rid])
+            toks = outputs.pop(rid, [])
+            if toks:
+                yield rid, toks, "DEADLINE"

@@ -4,7 +4,7 @@ repository so later runs on any machine reuse them.
 
 Output: gzip JSON-lines shards, one record per prompt:
   {"id": "gsm8k-train-split:17", "split": "train" | "heldout",
-   "prompt_ids": [...], "output_ids": [...], "finish": "STOP" | "LENGTH"}
+   "prompt_ids": [...], "output_ids": [...], "finish": "STOP" | "LENGTH" | "DEADLINE"}
 Resumable: prompts whose id is already in a shard are skipped; each run
 writes a new shard, flushed record by record.
 """
@@ -73,7 +73,7 @@ class GenConfig:
     batch: int = 32  # requests in flight
     temperature: float = 0.0  # 0 = the target's greedy answers
     seed: int = 0  # prompt order and sampling seeds
-    time_budget_s: float = 0.0  # 0 = until every prompt is done
+    time_budget_s: float = 0.0  # 0 = until every prompt is done; else a hard stop
     limit: int = 0  # at most this many new prompts (0 = all)
 
 
@@ -94,12 +94,11 @@ def generate(runner, tokenizer, prompts: list[tuple[str, str]], out_dir: Path,
     engine = OfflineEngine(runner, max_num_seqs=cfg.batch)
     prompt_ids: dict[str, list[int]] = {}
     t0 = time.monotonic()
-    stats = {"prompts_done": 0, "skipped_long": 0, "output_tokens": 0, "shard": str(shard)}
+    stats = {"prompts_done": 0, "skipped_long": 0, "cut_at_deadline": 0, "output_tokens": 0,
+             "shard": str(shard)}
 
     def items():
         for pid, text in todo:
-            if cfg.time_budget_s and time.monotonic() - t0 > cfg.time_budget_s:
-                return
             ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user",
                                                                    "content": text}]))
             if len(ids) > cfg.max_prompt_tokens:
@@ -112,12 +111,16 @@ def generate(runner, tokenizer, prompts: list[tuple[str, str]], out_dir: Path,
 
     last = t0
     with gzip.open(shard, "at", encoding="utf-8") as f:
-        for pid, out_ids, finish in engine.generate(items()):
+        # the budget cuts the answers still running (kept: each is a prefix of
+        # the target's answer, finish "DEADLINE") and drops the queued prompts
+        deadline = t0 + cfg.time_budget_s if cfg.time_budget_s else None
+        for pid, out_ids, finish in engine.generate(items(), deadline=deadline):
             rec = {"id": pid, "split": split_of(pid), "prompt_ids": prompt_ids.pop(pid),
                    "output_ids": out_ids, "finish": finish}
             f.write(json.dumps(rec, separators=(",", ":")) + "\n")
             f.flush()
             stats["prompts_done"] += 1
+            stats["cut_at_deadline"] += finish == "DEADLINE"
             stats["output_tokens"] += len(out_ids)
             now = time.monotonic()
             if now - last > 15:
