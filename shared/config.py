@@ -82,7 +82,8 @@ def parse_sps_profile(text: str):
         prof = SpsProfile(rows=tuple(int(x) for x in d["rows"]),
                           forward_ms=tuple(float(x) for x in d["forward_ms"]),
                           draft_fixed_ms=float(d.get("draft_fixed_ms", 0.0)),
-                          draft_per_request_ms=float(d.get("draft_per_request_ms", 0.0)))
+                          draft_per_request_ms=float(d.get("draft_per_request_ms", 0.0)),
+                          pinned=True)
         if min(prof.forward_ms) <= 0 or min(prof.draft_fixed_ms,
                                              prof.draft_per_request_ms) < 0:
             raise ValueError("times must be > 0 (forward) and >= 0 (drafting)")
@@ -278,6 +279,12 @@ class SchedulerConfig(UpstreamTLSConfig, ServerOpsConfig):
     # anchor from the worker's own acceptance of step N (optimistic 1 + K positions
     # reserved, corrected when N's result arrives). Output is identical to sync.
     async_scheduling: bool = True
+    # Confidence-scheduled verification with a measured cost profile: every N-th
+    # step with speculating requests sizes its verify budget the other way (no
+    # drafts where it chose some; one request's K where it chose none, round robin),
+    # so the refitted profile sees the rows it would otherwise never run and the
+    # requests' confidences stay fresh. 0 = never.
+    verify_explore_every: int = 32
     host: str = DEFAULT_HOST
     port: int = DEFAULT_SCHEDULER_PORT
 
@@ -287,6 +294,8 @@ class SchedulerConfig(UpstreamTLSConfig, ServerOpsConfig):
         _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, ">= 1")
         _check(self.max_waiting >= 1, "max_waiting", self.max_waiting, ">= 1")
         _check(self.worker_retry_s >= 0, "worker_retry_s", self.worker_retry_s, ">= 0")
+        _check(self.verify_explore_every >= 0, "verify_explore_every",
+               self.verify_explore_every, ">= 0")
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
         super().__post_init__()  # metrics, drain, TLS
 

@@ -113,6 +113,9 @@ class SpsProfile:
     forward_ms: tuple[float, ...]
     draft_fixed_ms: float = 0.0
     draft_per_request_ms: float = 0.0
+    # pinned by the operator (--sps-profile): the scheduler uses it as given;
+    # a measured one it corrects from observed step times (profile_fit.py)
+    pinned: bool = False
 
     def __post_init__(self) -> None:
         if not self.rows or len(self.rows) != len(self.forward_ms):

@@ -249,6 +249,11 @@ class Engine:
                                                   for x in st.per_position_acceptance],
                          fallback_steps=st.fallback_steps,
                          unverified_steps=st.unverified_steps)
+            prof = self.core.sps_profile
+            if hasattr(prof, "current"):  # the measured profile as refitted so far
+                cur = prof.current()
+                extra["sps_forward_ms"] = dict(zip(cur.rows, (round(x, 1)
+                                                              for x in cur.forward_ms)))
         log.info("progress", steps_per_s=round(d_steps / (now - last[0]), 2),
                  running=load["num_running"], waiting=load["num_waiting"],
                  free_kv_blocks=load["free_kv_blocks"], **extra)

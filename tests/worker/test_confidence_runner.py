@@ -68,7 +68,9 @@ def test_profile_is_measured_only_with_speculation(tiny_model_dir, drafter_dir):
     # a pinned profile is taken as given, nothing measured
     pinned = json.dumps({"rows": [1, 8], "forward_ms": [5.0, 6.0]})
     rp = ModelRunner(replace(rc.config, sps_profile=pinned))
-    assert rp.profile() == SpsProfile(rows=(1, 8), forward_ms=(5.0, 6.0))
+    assert rp.profile() == SpsProfile(rows=(1, 8), forward_ms=(5.0, 6.0), pinned=True)
+    assert pb.info_from_pb(pb.info_to_pb(rp.info())).sps_profile.pinned  # and says so
+    assert not prof.pinned and not info.sps_profile.pinned
 
 
 def test_budgeted_step_verifies_the_top_candidates(runners):

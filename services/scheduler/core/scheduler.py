@@ -352,6 +352,7 @@ class Scheduler(SpeculationMixin):
         if budgeted and verified > plan.verify_budget:
             raise ValueError(f"step {plan.step_id}: {verified} drafts verified, more than "
                              f"its verify_budget={plan.verify_budget}")
+        self._observe_step(plan, output, by_id)
         return [self._commit(req, tok) if isinstance(tok, int)
                 else self._commit_spec(req, tok, conf) for req, tok, conf in accepted]
 

@@ -26,6 +26,7 @@ from dspark.shared.types import (FinishReason, RequestOutput, SeqOutput, SeqStep
                                  WorkerInfo)
 from dspark.shared.verify_fill import cumulative
 
+from .profile_fit import OnlineProfile
 from .request import Request
 from .verify_budget import choose_drafters, estimate, running_cumulative, size_verify_budget
 
@@ -42,8 +43,10 @@ class SpeculationMixin:
         self.num_spec = info.num_speculative_tokens if info.num_leases else 0
         self._free_leases: list[int] = list(range(info.num_leases)) if self.num_spec else []
         self.num_leases = len(self._free_leases)
-        # "confidence" needs the worker's cost profile; without one: "fixed"
-        self.sps_profile = info.sps_profile
+        # "confidence" needs the worker's cost profile; without one: "fixed". A
+        # measured profile is refitted from the step times seen (profile_fit.py)
+        self.sps_profile = (OnlineProfile(info.sps_profile) if info.sps_profile is not None
+                            and not info.sps_profile.pinned else info.sps_profile)
         self.verify_policy = ("confidence" if self.num_spec and info.verify_policy == "confidence"
                               and info.sps_profile is not None else "fixed")
         # Totals since start (metrics): drafts = verify steps with drafts.
@@ -53,6 +56,8 @@ class SpeculationMixin:
         self.last_spec_events: list[tuple[int, int, bool, bool]] = []
         # confidence mode: this plan's speculating seqs (seq, request, anchor position)
         self._cands: list[tuple[SeqStep, Request, int]] = []
+        self._sized_steps = 0  # steps whose verify budget was sized
+        self.num_explore_steps = 0  # of them, sized the other way (verify_explore_every)
 
     @property
     def confidence_scheduled(self) -> bool:
@@ -142,9 +147,16 @@ class SpeculationMixin:
         est = [estimate(req.spec_confidences, running, k_max) for _, req, _ in cands]
         rows = sum(len(s.token_ids) or 1 for s in seqs)  # a deferred anchor is one row
         tokens = sum(1 for s in seqs if s.sample)
-        v = size_verify_budget(self.sps_profile, rows, tokens, est,
-                               min(budget, k_max * len(cands)))
+        max_v = min(budget, k_max * len(cands))
+        v = size_verify_budget(self.sps_profile, rows, tokens, est, max_v)
         drafters = choose_drafters(est, v)
+        if self._explore_due() and max_v > 0:
+            # the other way: the refit sees the rows it would not, confidences renew
+            if v:
+                v, drafters = 0, set()
+            else:
+                v, drafters = min(k_max, max_v), {self.num_explore_steps % len(cands)}
+            self.num_explore_steps += 1
         total = 0
         for i, (seq, req, anchor_pos) in enumerate(cands):
             cap = min(k_max, v, min(self.max_model_len, self._max_len) - 1 - anchor_pos)
@@ -162,6 +174,29 @@ class SpeculationMixin:
                 req.pending_fallback = note == "fallback"
                 req.pending_unverified = note == "unverified"
         return min(v, total) if total else None
+
+    def _explore_due(self) -> bool:
+        """Every verify_explore_every-th sized step, once the measured profile is
+        being refitted (the worker reports step times; a pinned profile never)."""
+        self._sized_steps += 1
+        every = getattr(self.config, "verify_explore_every", 0)
+        prof = self.sps_profile
+        return bool(every) and isinstance(prof, OnlineProfile) and prof.num_observed > 0 \
+            and self._sized_steps % every == 0
+
+    def _observe_step(self, plan, output, by_id) -> None:
+        """Confidence mode with a measured profile: the step's wall time refits it."""
+        prof = self.sps_profile
+        if not isinstance(prof, OnlineProfile) or not output.forward_ms > 0.0:
+            return
+        rows = drafting = 0
+        for seq in plan.seqs:
+            rows += len(seq.token_ids) or 1  # a deferred anchor is one row
+            if seq.num_speculative_tokens:
+                drafting += 1
+                out = by_id.get(seq.request_id)
+                rows += len(out.draft_tokens) if out is not None else 0
+        prof.observe(rows, drafting, output.forward_ms)
 
     # ------------------------------------------------------------------ results
 

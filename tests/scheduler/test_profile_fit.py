@@ -1,0 +1,131 @@
+"""The measured cost profile refitted from observed step times (profile_fit.py),
+and the scheduler's use of it: a profile skewed at start-up is corrected, a
+pinned one is used as given."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dspark.scheduler.core.profile_fit import OnlineProfile
+from dspark.shared.types import SpsProfile, StepOutput
+
+from sched_helpers import reference, sampling
+from test_confidence_scheduling import K, BudgetWorker, add, conf_scheduler, drive
+
+FLAT = SpsProfile(rows=(1, 8, 32), forward_ms=(100.0, 100.0, 100.0))
+
+
+def true_ms(rows: int) -> float:
+    return 2.0 + rows
+
+
+def test_refit_follows_the_observed_costs():
+    p = OnlineProfile(FLAT)
+    for _ in range(150):
+        for rows in (1, 8, 32):
+            p.observe(rows, 0, true_ms(rows))
+    for rows in (1, 8, 32):
+        assert p.forward(rows) == pytest.approx(true_ms(rows), rel=0.03)
+        assert p.step(rows, 0) == pytest.approx(true_ms(rows), rel=0.03)
+    cur = p.current()
+    assert cur.rows == FLAT.rows and cur.forward_ms == pytest.approx((3.0, 10.0, 34.0), rel=0.03)
+    assert p.num_observed == 450 and p.base is FLAT  # the base is kept as measured
+
+
+def test_points_not_reached_follow_the_nearest_one_seen():
+    p = OnlineProfile(FLAT)
+    assert p.factor(8) == 1.0 and p.current() == FLAT  # nothing seen: the base
+    for _ in range(100):
+        p.observe(1, 0, 5.0)
+    # only one row count seen: the whole curve moves with it
+    assert p.forward(1) == pytest.approx(5.0, rel=0.01)
+    assert p.forward(32) == pytest.approx(5.0, rel=0.01)
+    for _ in range(100):
+        p.observe(32, 0, 50.0)  # now the far end is seen too, and 8 lies between
+    assert p.forward(32) == pytest.approx(50.0, rel=0.01)
+    assert p.forward(1) == pytest.approx(5.0, rel=0.01)  # its own observations stand
+    assert 5.0 < p.forward(8) < 50.0
+
+
+def test_one_stray_step_moves_it_a_little():
+    p = OnlineProfile(FLAT, max_move=0.15)
+    for _ in range(100):
+        p.observe(1, 0, 10.0)
+    before = p.forward(1)
+    p.observe(1, 0, 5000.0)  # a GC pause, a noisy neighbour
+    assert before < p.forward(1) <= before * math.exp(0.15) + 1e-9
+
+
+def test_steps_without_a_time_change_nothing():
+    p = OnlineProfile(FLAT)
+    for rows, ms in ((8, 0.0), (8, float("nan")), (8, -3.0), (0, 10.0), (8, float("inf"))):
+        p.observe(rows, 0, ms)
+    assert p.num_observed == 0 and p.forward(8) == 100.0
+
+
+def test_drafting_cost_scales_with_its_row_count():
+    base = SpsProfile(rows=(1, 8), forward_ms=(100.0, 100.0), draft_fixed_ms=50.0)
+    p = OnlineProfile(base)
+    for _ in range(100):
+        p.observe(8, 1, 15.0)  # a step of 8 rows that drafted: 150 ms measured, 15 seen
+    assert p.step(8, 1) == pytest.approx(15.0, rel=0.01)
+
+
+@pytest.mark.parametrize("kw", [dict(rate=0.0), dict(rate=1.5), dict(max_move=0.0)])
+def test_bad_settings_are_refused(kw):
+    with pytest.raises(ValueError):
+        OnlineProfile(FLAT, **kw)
+
+
+# --- in the scheduler ----------------------------------------------------------
+
+class TimedWorker(BudgetWorker):
+    """Reports a step time that grows with the rows it computes: row-bound,
+    1 ms + 2 ms per row."""
+
+    def step(self, plan):
+        out = super().step(plan)
+        rows = sum(len(s.token_ids) or 1 for s in plan.seqs) + sum(self.lens[-1])
+        return StepOutput(out.step_id, out.outputs, forward_ms=1.0 + 2.0 * rows)
+
+
+def _run(profile, explore_every=4, max_tokens=200):
+    s = conf_scheduler(profile, num_blocks=512, budget=64)
+    s.config.verify_explore_every = explore_every
+    w = TimedWorker(512, 4, conf=lambda rid, pos: 0.3, wrong=lambda rid, pos: pos % 3 == 0)
+    prompts = add(s, n=4, max_tokens=max_tokens)
+    res, _ = drive(s, w, False)
+    for rid, p in prompts.items():  # whatever it verifies, the output is exact
+        assert res[rid] == reference(p, sampling(max_tokens=max_tokens, seed=int(rid[1:])))[0]
+    assert s.load()["free_kv_blocks"] == 512 and s.load()["free_leases"] == 8
+    return s, w
+
+
+def test_a_profile_that_makes_rows_look_free_is_corrected():
+    # measured flat (as under contention at start-up): every draft looks free.
+    # Steps really cost 1 ms + 2 ms per row: four anchors commit 4 tokens in
+    # 9 ms, and a draft (expected 0.3 tokens or less) never pays for its 2 ms.
+    # After the refit nothing is drafted but in the exploration steps (one
+    # request's K, every 4th step)
+    s, w = _run(SpsProfile(rows=(1, 8, 32), forward_ms=(30.0, 30.0, 30.0)))
+    assert isinstance(s.sps_profile, OnlineProfile) and s.sps_profile.num_observed > 0
+    assert [lens for lens in w.lens if lens][0] == [K] * 4  # at first: every draft
+    tail = w.lens[-40:]  # (a step that drafts nothing verifies nothing: lens [])
+    assert all(lens in ([], [K]) for lens in tail)
+    assert 9 <= sum(1 for lens in tail if lens == [K]) <= 10  # exploration only
+    assert s.sps_profile.forward(32) / s.sps_profile.forward(1) > 4
+    assert s.num_explore_steps > 10
+
+
+def test_a_pinned_profile_is_used_as_given():
+    pinned = SpsProfile(rows=(1, 8, 32), forward_ms=(30.0, 30.0, 30.0), pinned=True)
+    s, w = _run(pinned)
+    assert s.sps_profile is pinned and s.num_explore_steps == 0
+    assert all(lens == [K] * len(lens) for lens in w.lens if lens)  # never corrected
+
+
+def test_no_exploration_when_switched_off():
+    s, w = _run(SpsProfile(rows=(1, 8, 32), forward_ms=(30.0, 30.0, 30.0)),
+                explore_every=0, max_tokens=80)
+    assert s.num_explore_steps == 0
