@@ -73,6 +73,21 @@ def test_profile_is_measured_only_with_speculation(tiny_model_dir, drafter_dir):
     assert not prof.pinned and not info.sps_profile.pinned
 
 
+def test_offline_engine_measures_the_profile_confidence_needs(tiny_model_dir,
+                                                            drafter_dir):  # noqa: F811
+    rc = runner(tiny_model_dir, drafter_dir, K)
+    rc.verify_policy = "confidence"
+    assert rc.info().sps_profile is None
+    eng = OfflineEngine(rc, max_num_seqs=2)
+    assert eng.info.verify_policy == "confidence" and eng.info.sps_profile is not None
+    items = [(f"r{i}", p, SamplingParams(max_tokens=8, ignore_eos=True))
+             for i, p in enumerate(prompts(3))]
+    got, core = run(eng, items)
+    assert core.confidence_scheduled  # not the "fixed" fallback of a missing profile
+    plain, _ = run(OfflineEngine(runner(tiny_model_dir, drafter_dir, 0), max_num_seqs=2), items)
+    assert got == plain  # greedy: exact whatever it verified
+
+
 def test_budgeted_step_verifies_the_top_candidates(runners):
     """One step run directly: the worker returns K confidences per request and
     verifies exactly the prefixes the fill rule picks from them."""

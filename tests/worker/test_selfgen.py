@@ -146,6 +146,22 @@ def test_prompts_with_unicode_line_separators_load(tmp_path):
     assert load_prompts(tmp_path) == [("set:0", "a\u2028b"), ("set:1", "c")]
 
 
+def test_generation_runs_the_target_alone():
+    """gen-drafter-data on the default model: the shipped drafter exists (so the
+    default config would speculate with K = 7), but the data are the target's
+    plain answers: K = 0, nothing of the drafter loaded."""
+    import argparse
+
+    from dspark.shared.config import WorkerConfig, shipped_drafter_dir
+    from dspark.worker.training.selfgen import worker_config
+
+    args = argparse.Namespace(model="", dtype="auto", device="cpu")
+    default = WorkerConfig(model="", dtype="auto", device="cpu")
+    if (shipped_drafter_dir(default.model_dir.name) / "drafter_config.json").is_file():
+        assert default.speculation()[0] == 7  # what it would have done
+    assert worker_config(args).speculation() == (0, None)
+
+
 def test_train_drafter_command_runs_and_resumes(tiny_model_dir, tmp_path):
     from dspark.shared.cli import main
 

@@ -29,6 +29,12 @@ class OfflineEngine:
         # info override: e.g. num_speculative_tokens=0 runs plain decoding on a
         # runner that has a drafter
         self.info = info or runner.info()
+        if info is None and self.info.verify_policy == "confidence" \
+                and self.info.sps_profile is None:
+            # confidence scheduling needs the cost profile a served worker measures
+            # at start-up; without it the scheduler would verify every draft
+            runner.profile()
+            self.info = runner.info()
         self.config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens,
                                       max_waiting=max_num_seqs,

@@ -136,17 +136,28 @@ def generate(runner, tokenizer, prompts: list[tuple[str, str]], out_dir: Path,
     return stats
 
 
+def worker_config(args):
+    """The target alone (K = 0: nothing of a drafter is loaded). With the default
+    speculative config the shipped drafter would draft and verify K tokens per
+    step, which at a large batch costs more than it earns and, in bf16, makes the
+    answers differ from the target's plain greedy ones."""
+    from dspark.shared.config import WorkerConfig
+
+    return WorkerConfig(model=args.model, dtype=args.dtype, device=args.device,
+                        speculative_config=json.dumps({"method": "dspark",
+                                                       "num_speculative_tokens": 0}))
+
+
 def main(args) -> int:
     """`dspark gen-drafter-data`: answer ../shared/datasets/train prompts."""
     from dspark.router.tokenizer import Tokenizer
-    from dspark.shared.config import WorkerConfig
     from dspark.worker.runner import ModelRunner
 
     if not args.model:
         from dspark.worker.convert import prepare_default_model
 
         prepare_default_model()
-    wcfg = WorkerConfig(model=args.model, dtype=args.dtype, device=args.device)
+    wcfg = worker_config(args)
     runner = ModelRunner(wcfg)
     runner.warmup()
     tok = Tokenizer.from_dir(wcfg.model_dir)
