@@ -154,3 +154,24 @@ def test_draft_vocab_from_another_checkpoint(tiny, tmp_path, capsys):
                       "--out", str(tmp_path / "e"), "--threads", "1",
                       "--draft-vocab-from", str(tmp_path / "missing"), "--max-steps", "1"])
     assert rc == 2 and "cannot read" in capsys.readouterr().err
+
+
+def test_offline_commands_share_their_setup(tiny_model_dir, monkeypatch):
+    """--threads caps torch's threads; a --model is used as given (nothing prepared)."""
+    import argparse
+
+    import torch
+
+    import dspark.worker.convert as convert
+    from dspark.worker.training.setup import prepare_offline
+
+    called = []
+    monkeypatch.setattr(convert, "prepare_default_model", lambda: called.append(1))
+    before = torch.get_num_threads()
+    try:
+        got = prepare_offline(argparse.Namespace(model=str(tiny_model_dir), threads=1))
+        assert got == tiny_model_dir and torch.get_num_threads() == 1 and not called
+        prepare_offline(argparse.Namespace(model=""))  # no --threads: left alone
+        assert called == [1] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -145,13 +145,9 @@ def main(args) -> int:
     from dspark.shared.config import DEFAULT_MODEL_NAME, WorkerConfig, shipped_drafter_dir
     from dspark.worker.runner import ModelRunner
     from dspark.worker.training.selfgen import read_records
+    from dspark.worker.training.setup import prepare_offline
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not args.model:
-        from dspark.worker.convert import prepare_default_model
-
-        prepare_default_model()
+    prepare_offline(args)
     drafter_dir = Path(args.drafter or shipped_drafter_dir(DEFAULT_MODEL_NAME))
     spec = json.dumps({"method": "dspark", "num_speculative_tokens": args.k})
     cfg = WorkerConfig(model=args.model, dtype=args.dtype, speculative_config=spec,

@@ -10,19 +10,13 @@ from pathlib import Path
 def main(args) -> int:
     import torch
 
-    from dspark.shared.config import WorkerConfig
     from dspark.worker.model.llama import load_llama
     from dspark.worker.runner import model_fingerprint, resolve_device
     from dspark.worker.training.selfgen import read_records
+    from dspark.worker.training.setup import prepare_offline
     from dspark.worker.training.train import TrainConfig, Trainer, heldout_tau
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not args.model:
-        from dspark.worker.convert import prepare_default_model
-
-        prepare_default_model()
-    model_dir = WorkerConfig(model=args.model).model_dir
+    model_dir = prepare_offline(args)
     try:  # an unavailable device is a one-line error, as in the services
         device = resolve_device(args.device)
     except (RuntimeError, ValueError) as e:

@@ -125,18 +125,12 @@ def evaluate(runner, tokenizer, prompts, max_tokens: int, temperature: float,
 
 
 def main(args) -> int:
-    import torch
-
     from dspark.router.tokenizer import Tokenizer
     from dspark.shared.config import WorkerConfig
     from dspark.worker.runner import ModelRunner
+    from dspark.worker.training.setup import prepare_offline
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not args.model:
-        from dspark.worker.convert import prepare_default_model
-
-        prepare_default_model()
+    prepare_offline(args)
     spec = json.dumps({"method": "dspark", "num_speculative_tokens": args.k})
     cfg = WorkerConfig(model=args.model, dtype=args.dtype, speculative_config=spec,
                        drafter=args.drafter, num_leases=1, num_kv_blocks=args.kv_blocks)

@@ -129,17 +129,11 @@ def run_probe(llama, sequences, sets: list[tuple[int, ...]], max_positions: int 
 
 
 def main(args) -> int:
-    from dspark.shared.config import WorkerConfig
     from dspark.worker.model.llama import load_llama
     from dspark.worker.training.selfgen import read_records
+    from dspark.worker.training.setup import prepare_offline
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not args.model:
-        from dspark.worker.convert import prepare_default_model
-
-        prepare_default_model()
-    model_dir = WorkerConfig(model=args.model).model_dir
+    model_dir = prepare_offline(args)
     llama = load_llama(model_dir, torch.float32, torch.device("cpu"), max_len=2048)
     sets = parse_sets(args.sets, llama.args.num_layers)
     recs = list(read_records(Path(args.data), args.split))

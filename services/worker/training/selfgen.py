@@ -152,11 +152,9 @@ def main(args) -> int:
     """`dspark gen-drafter-data`: answer ../shared/datasets/train prompts."""
     from dspark.router.tokenizer import Tokenizer
     from dspark.worker.runner import ModelRunner
+    from dspark.worker.training.setup import prepare_offline
 
-    if not args.model:
-        from dspark.worker.convert import prepare_default_model
-
-        prepare_default_model()
+    prepare_offline(args)
     wcfg = worker_config(args)
     runner = ModelRunner(wcfg)
     runner.warmup()
