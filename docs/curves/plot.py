@@ -1,0 +1,61 @@
+"""Plot the drafter learning curves kept here (held-out teacher-forced tau
+against labelled training tokens and against training time) into curves.png.
+
+    .venv/bin/python docs/curves/plot.py
+
+Each *.curve.jsonl is the `<out>.curve.jsonl` a `dspark train-drafter` run
+writes (one line per evaluation: data_tokens, seconds, tau, ...); the card
+(docs/DRAFTER.md) says which run each one is.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+# file stem -> legend label (the card's names for the runs)
+RUNS = {
+    "s10-mix": "s10: from scratch, answers + prompts' text (shipped)",
+    "d2": "d2: warm start, 45% stdlib code (shipped before)",
+    "s9-src-selfgen": "s9 arm: answers only",
+    "s9-src-train-prompts": "s9 arm: prompts' text only",
+    "s9-src-package-docs": "s9 arm: package docs only",
+    "s9-src-python-stdlib": "s9 arm: stdlib code only",
+}
+
+
+def main(out: Path = HERE / "curves.png") -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for stem, label in RUNS.items():
+        f = HERE / f"{stem}.curve.jsonl"
+        if not f.is_file():
+            continue
+        pts = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        xs = [p["data_tokens"] / 1e6 for p in pts]
+        ts = [p["seconds"] / 60 for p in pts]
+        ys = [p["tau"] for p in pts]
+        style = dict(marker="o", ms=4, label=label, lw=2.5 if "shipped)" in label else 1.2)
+        ax.plot(xs, ys, **style)
+        ax2.plot(ts, ys, **style)
+    ax.set_xlabel("new target-labelled training tokens (millions)")
+    ax.set_ylabel("held-out tau (teacher-forced, greedy, K = 7)")
+    ax2.set_xlabel("training time (minutes; 2 threads for s10/d2, 1 for the s9 arms)")
+    ax.set_title("Held-out tau vs data")
+    ax2.set_title("Held-out tau vs training time")
+    ax.legend(fontsize=8)
+    for a in (ax, ax2):
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*(Path(a) for a in sys.argv[1:2])))
