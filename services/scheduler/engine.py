@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dspark.scheduler.core.errors import AdmissionError
+from dspark.scheduler.core.profile_fit import OnlineProfile
 from dspark.scheduler.core.scheduler import Scheduler
 from dspark.shared import errors, pb
 from dspark.shared.config import SchedulerConfig
@@ -249,9 +250,8 @@ class Engine:
                                                   for x in st.per_position_acceptance],
                          fallback_steps=st.fallback_steps,
                          unverified_steps=st.unverified_steps)
-            prof = self.core.sps_profile
-            if hasattr(prof, "current"):  # the measured profile as refitted so far
-                cur = prof.current()
+            if isinstance(self.core.sps_profile, OnlineProfile):  # refitted so far
+                cur = self.core.sps_profile.current()
                 extra["sps_forward_ms"] = dict(zip(cur.rows, (round(x, 1)
                                                               for x in cur.forward_ms)))
         log.info("progress", steps_per_s=round(d_steps / (now - last[0]), 2),

@@ -179,7 +179,7 @@ class SpeculationMixin:
         """Every verify_explore_every-th sized step, once the measured profile is
         being refitted (the worker reports step times; a pinned profile never)."""
         self._sized_steps += 1
-        every = getattr(self.config, "verify_explore_every", 0)
+        every = self.config.verify_explore_every
         prof = self.sps_profile
         return bool(every) and isinstance(prof, OnlineProfile) and prof.num_observed > 0 \
             and self._sized_steps % every == 0
