@@ -27,6 +27,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .llama import packed_linear as _packed_linear
 from .llama import rope_inv_freq
 
 # Loss mixture of DSPARK.md section 2.4.
@@ -544,34 +545,53 @@ class DSparkDrafter(torch.nn.Module):
     def draft_from_h(self, h: torch.Tensor, anchors: torch.Tensor, temperature: float = 0.0,
                      generator: torch.Generator | None = None, return_dists: bool = False,
                      use_markov: bool = True, pick: Callable | None = None) -> DraftOutput:
+        """The sequential part of drafting: K steps through the Markov head.
+
+        Only what depends on the previous draft runs inside the loop (its W1 row,
+        the bias, the pick); the base logits are one matmul before it, and the
+        confidences (DSPARK.md 4.1, z_k = w . [h_k ; W1[x_{k-1}]] + b) one after
+        it, over the W1 rows the loop gathered. Drafting is latency-bound on CPU
+        (each op costs microseconds of dispatch), so the loop is kept short."""
+        c = self.config
+        b, k_max = h.shape[0], c.block_size
         base = self.base_logits(h)  # [B, K, Vd]
-        prev, toks, probs, dists, confs = anchors, [], [], [], []
-        temps = self.config.confidence_temperatures
-        for k in range(self.config.block_size):
-            bias = self.markov_bias(prev) if use_markov else None
-            logits = base[:, k] if bias is None else base[:, k] + bias  # [B, Vd]
-            z = self.confidence_logits(h[:, k], prev)
-            confs.append(torch.sigmoid(z / temps[k] if temps else z))
+        w1 = self.markov_w1 if c.markov_rank else None
+        w2 = getattr(self, "_packed_w2", None)
+        prev, toks, probs, dists, rows = anchors, [], [], [], []
+        for k in range(k_max):
+            logits = base[:, k]
+            if w1 is not None:
+                e = F.embedding(prev, w1)  # [B, r]: W1[x_{k-1}]
+                rows.append(e)
+                if use_markov:
+                    bias = F.linear(e, self.markov_w2) if w2 is None else \
+                        _packed_linear(e, w2)
+                    logits = logits + bias.float()
             if pick is not None:
                 slot, p = pick(k, logits)
             elif temperature > 0:
                 p = torch.softmax(logits / temperature, -1)
                 slot = torch.multinomial(p, 1, generator=generator).squeeze(1)
             else:
-                slot = logits.argmax(-1)
-                p = None
-            if p is None:
-                probs.append(torch.ones(slot.shape, dtype=torch.float32, device=slot.device))
-            else:
-                probs.append(p.gather(1, slot.unsqueeze(1)).squeeze(1).float())
+                slot, p = logits.argmax(-1), None
+            probs.append(None if p is None else p.gather(1, slot.unsqueeze(1)).squeeze(1).float())
             x = self.to_target_ids(slot)
             toks.append(x)
             if return_dists:
                 dists.append(self._full_dist(p, slot))
             prev = x
-        return DraftOutput(torch.stack(toks, 1), torch.stack(probs, 1),
+        feats = torch.cat([h, torch.stack(rows, 1)], -1) if rows else h  # [B, K, d (+r)]
+        z = F.linear(feats, self.conf_w, self.conf_b).squeeze(-1).float()  # [B, K]
+        temps = c.confidence_temperatures
+        if temps:
+            z = z / torch.tensor(temps, dtype=z.dtype, device=z.device)
+        ones = None  # greedy: p_k is the one-hot of the argmax, p_k(d_k) = 1
+        if any(pk is None for pk in probs):
+            ones = torch.ones(b, dtype=torch.float32, device=h.device)
+        q = torch.stack([ones if pk is None else pk for pk in probs], 1)
+        return DraftOutput(torch.stack(toks, 1), q,
                            torch.stack(dists, 1) if return_dists else None,
-                           torch.stack(confs, 1))
+                           torch.sigmoid(z))
 
     def _full_dist(self, p: torch.Tensor | None, slot: torch.Tensor) -> torch.Tensor:
         """A draft-vocab distribution (None = one-hot of slot) over the target vocab."""
