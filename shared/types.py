@@ -83,7 +83,8 @@ class SeqOutput:
     tap_rows: object | None = None
     # Speculative verify results (num_speculative_tokens = K > 0), see
     # shared/acceptance.py: L verified drafts (L = K, or 0..K under a verify budget),
-    # L+1 target tokens, L q/p values, L residual samples; K confidences (every draft).
+    # L+1 target tokens, L q/p values, L residual samples; the confidences of every
+    # drafted position, verified or not (K; under a budget V, min(K, max(V, 1))).
     draft_tokens: list[int] = field(default_factory=list)
     target_tokens: list[int] = field(default_factory=list)
     q_draft: list[float] = field(default_factory=list)

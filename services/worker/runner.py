@@ -303,7 +303,12 @@ class ModelRunner:
                 if s.start_position == 0:  # a (re-)prefill from scratch: forget old rows
                     self.leases.pos[s.lease_id] = -1
         spec = [i for i, s in enumerate(seqs) if s.num_speculative_tokens]
-        drafts = self._draft([seqs[i] for i in spec]) if spec else None
+        drafts = None
+        if spec:  # no request verifies more than its K, nor more than the whole budget
+            depth = max(seqs[i].num_speculative_tokens for i in spec)
+            if plan.verify_budget is not None:
+                depth = max(1, min(depth, plan.verify_budget))
+            drafts = self._draft([seqs[i] for i in spec], depth)
         # verified drafts per speculating seq: all k, or the budget's fill
         nver = [seqs[i].num_speculative_tokens for i in spec]
         if drafts is not None and plan.verify_budget is not None:
@@ -399,12 +404,13 @@ class ModelRunner:
             self._last[s.request_id] = ("token", out.token_id,
                                         s.start_position + len(s.token_ids))
 
-    def _draft(self, seqs: list[SeqStep]):
+    def _draft(self, seqs: list[SeqStep], depth: int):
         params = [RowParams(s.temperature, s.top_k, s.top_p, s.seed, s.start_position)
                   for s in seqs]
         return self.leases.draft([s.lease_id for s in seqs], [s.token_ids[0] for s in seqs],
                                  [s.start_position for s in seqs], params,
-                                 use_markov=self.use_markov)
+                                 use_markov=self.use_markov,
+                                 depth=min(depth, self.drafter.config.block_size))
 
     def _results(self, seqs, rows_in, logits, drafts, spec, outputs) -> None:
         """Fill sampled tokens (plain rows) and verify results (speculative rows)."""
@@ -439,7 +445,7 @@ class ModelRunner:
                 o.draft_tokens, o.target_tokens = res.draft_tokens, res.target_tokens
                 o.q_draft, o.p_draft = _as_float32(res.q_draft), _as_float32(res.p_draft)
                 o.residual_tokens = res.residual_tokens
-                k = seqs[i].num_speculative_tokens  # every drafted token's confidence
+                k = seqs[i].num_speculative_tokens  # every drafted token's confidence (<= k)
                 o.confidences = drafts.confidences[j, :k].float().tolist()
 
     def _keep_taps(self, s: SeqStep, rows: torch.Tensor) -> None:

@@ -99,10 +99,12 @@ class LeasePool:
 
     @torch.no_grad()
     def draft(self, leases: list[int], anchors: list[int], anchor_pos: list[int],
-              params: list[RowParams], use_markov: bool = True) -> DraftBatch:
+              params: list[RowParams], use_markov: bool = True,
+              depth: int | None = None) -> DraftBatch:
         """Draft K tokens for each (lease, anchor at anchor_pos), at each request's
         sampling parameters (greedy rows: argmax; sampled rows: a seeded draw from
-        the processed draft distribution at positions anchor_pos + 1..K)."""
+        the processed draft distribution at positions anchor_pos + 1..K). With a
+        ``depth`` < K only the first ``depth`` drafts (and confidences) are made."""
         dr = self.drafter
         dev = self.pos.device
         idx = torch.tensor(leases, dtype=torch.long, device=dev)
@@ -129,7 +131,7 @@ class LeasePool:
             full.scatter_(1, slot.unsqueeze(1), 1.0)
             return slot, full.index_copy(0, sel, probs)
 
-        out = dr.draft_from_h(h, a, use_markov=use_markov, pick=pick)
+        out = dr.draft_from_h(h, a, use_markov=use_markov, pick=pick, depth=depth)
         dists: list[torch.Tensor | None] = [None] * len(leases)
         for i in sampled:
             p = torch.stack(rows[i])  # [K, Vd]

@@ -92,12 +92,12 @@ def test_oracle_drafts_are_accepted_and_output_unchanged(runners, monkeypatch):
     full = {rid: p + plain[rid] for rid, p, _ in items}
     real = r7.leases.draft
 
-    def oracle(leases, anchors, anchor_pos, params, use_markov=True):
-        out = real(leases, anchors, anchor_pos, params, use_markov)
+    def oracle(leases, anchors, anchor_pos, params, use_markov=True, depth=None):
+        out = real(leases, anchors, anchor_pos, params, use_markov, depth)
         for j, (a, pos) in enumerate(zip(anchors, anchor_pos)):
             owner = r7.leases.owner[leases[j]]
             seq = full[owner]
-            for s in range(K):
+            for s in range(out.tokens.shape[1]):
                 p = pos + 1 + s
                 tok = seq[p] if p < len(seq) else 5
                 out.tokens[j, s] = tok if (pos + s) % 4 else (tok + 1) % 97
@@ -108,6 +108,71 @@ def test_oracle_drafts_are_accepted_and_output_unchanged(runners, monkeypatch):
     assert spec == plain
     st = core.spec_totals
     assert st.mean_accepted_length > 2.0 and st.num_accepted_tokens > 0
+
+
+def test_draft_depth_is_a_prefix_of_full_drafting(runners):
+    """Drafting only the first d positions (all a verify budget can use) gives the
+    same first d drafts, draft probabilities, distributions and confidences."""
+    from dspark.worker.sampler import RowParams
+
+    _, r7 = runners
+    pool = r7.leases
+    torch.manual_seed(3)
+    for lease in (0, 1):
+        pool.claim(lease, f"depth{lease}")
+        pool.write(lease, 0, torch.randn(12, 3 * r7.model.args.hidden_size))
+    params = [RowParams(0.0, 0, 1.0, 0, 12), RowParams(0.8, 20, 0.9, 7, 12)]  # greedy, sampled
+    try:
+        full = pool.draft([0, 1], [5, 9], [12, 12], params)
+        for d in (1, 3):
+            part = pool.draft([0, 1], [5, 9], [12, 12], params, depth=d)
+            assert part.tokens.shape == (2, d) and part.confidences.shape == (2, d)
+            assert torch.equal(part.tokens, full.tokens[:, :d])
+            assert torch.allclose(part.probs, full.probs[:, :d], atol=1e-6)
+            assert torch.allclose(part.confidences, full.confidences[:, :d], atol=1e-6)
+            assert part.dists[0] is None
+            assert torch.allclose(part.dists[1], full.dists[1][:d], atol=1e-6)
+        with pytest.raises(ValueError, match="depth=0"):
+            pool.draft([0], [5], [12], params[:1], depth=0)
+    finally:
+        pool.release("depth0")
+        pool.release("depth1")
+
+
+def test_runner_drafts_no_deeper_than_the_verify_budget(runners, monkeypatch):
+    """Under a verify budget V the worker drafts min(K, V) positions, and the
+    output is still the plain greedy output."""
+    from dspark.shared.config import SchedulerConfig
+    from dspark.scheduler.core import Scheduler
+
+    r0, r7 = runners
+    depths = []
+    real = r7.leases.draft
+
+    def spy(leases, anchors, anchor_pos, params, use_markov=True, depth=None):
+        depths.append(depth)
+        return real(leases, anchors, anchor_pos, params, use_markov, depth)
+
+    monkeypatch.setattr(r7.leases, "draft", spy)
+    items = [(f"r{i}", p, SamplingParams(max_tokens=16, ignore_eos=True))
+             for i, p in enumerate(prompts(2, seed=4))]
+    plain, _ = generate(r0, items)
+    core = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64), r7.info())
+    for rid, ids, sp in items:
+        core.add_request(rid, ids, sp)
+    out = {rid: [] for rid, _, _ in items}
+    budgets = []
+    while core.has_unfinished():
+        plan = core.schedule()
+        if any(s.num_speculative_tokens for s in plan.seqs):
+            plan.verify_budget = len(budgets) % 4  # 0..3, below K
+            budgets.append(plan.verify_budget)
+        for o in core.update_from_output(plan, r7.step(plan)):
+            out[o.request_id].extend(o.new_token_ids)
+            if o.finished:
+                r7.release([o.request_id])
+    assert out == plain
+    assert depths == [max(1, v) for v in budgets] and max(depths) == 3
 
 
 def test_sampled_speculation_is_deterministic_per_seed(runners):

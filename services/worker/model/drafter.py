@@ -544,8 +544,12 @@ class DSparkDrafter(torch.nn.Module):
 
     def draft_from_h(self, h: torch.Tensor, anchors: torch.Tensor, temperature: float = 0.0,
                      generator: torch.Generator | None = None, return_dists: bool = False,
-                     use_markov: bool = True, pick: Callable | None = None) -> DraftOutput:
-        """The sequential part of drafting: K steps through the Markov head.
+                     use_markov: bool = True, pick: Callable | None = None,
+                     depth: int | None = None) -> DraftOutput:
+        """The sequential part of drafting: K steps through the Markov head (or
+        only the first ``depth``, when no more can be verified: a draft and its
+        confidence depend only on the drafts before it, so the first ``depth``
+        are the same either way).
 
         Only what depends on the previous draft runs inside the loop (its W1 row,
         the bias, the pick); the base logits are one matmul before it, and the
@@ -554,7 +558,11 @@ class DSparkDrafter(torch.nn.Module):
         (each op costs microseconds of dispatch), so the loop is kept short."""
         c = self.config
         b, k_max = h.shape[0], c.block_size
-        base = self.base_logits(h)  # [B, K, Vd]
+        if depth is not None:
+            if not 1 <= depth <= k_max:
+                raise ValueError(f"draft depth={depth} must be in 1..{k_max}")
+            k_max, h = depth, h[:, :depth]
+        base = self.base_logits(h)  # [B, depth, Vd]
         w1 = self.markov_w1 if c.markov_rank else None
         w2 = getattr(self, "_packed_w2", None)
         prev, toks, probs, dists, rows = anchors, [], [], [], []
@@ -584,7 +592,7 @@ class DSparkDrafter(torch.nn.Module):
         z = F.linear(feats, self.conf_w, self.conf_b).squeeze(-1).float()  # [B, K]
         temps = c.confidence_temperatures
         if temps:
-            z = z / torch.tensor(temps, dtype=z.dtype, device=z.device)
+            z = z / torch.tensor(temps[:k_max], dtype=z.dtype, device=z.device)
         ones = None  # greedy: p_k is the one-hot of the argmax, p_k(d_k) = 1
         if any(pk is None for pk in probs):
             ones = torch.ones(b, dtype=torch.float32, device=h.device)
