@@ -7,9 +7,14 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/dspark/v1/*.proto)
 GEN := gen/dspark/v1/.stamp
 
-.PHONY: setup venv stubs model serve test test-unit test-e2e bench clean
+.PHONY: setup venv stubs model native serve test test-unit test-e2e bench clean
 
-setup: $(STAMP) $(GEN) model
+setup: $(STAMP) $(GEN) model native
+
+# The native attention kernel (CPU): compiled once per machine into the cache;
+# without a compiler the workers use the PyTorch path (a warning, not an error).
+native: $(STAMP) $(GEN)
+	$(VPY) -m dspark.worker.model.native_attention
 
 venv: $(STAMP)
 

@@ -204,6 +204,10 @@ class WorkerConfig(ServerOpsConfig):
     host: str = DEFAULT_HOST
     port: int = DEFAULT_WORKER_PORT
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # attention of decode rows and verify windows: "auto" = the native CPU kernel
+    # (built by `make setup`, see worker/model/native_attention.py) when it is
+    # available, else PyTorch; "native" = the kernel or a start-up error; "torch"
+    attention: str = "auto"
     # "auto": K = 7 with the shipped drafter when serving the default model and it
     # is present (verify: AUTO_VERIFY_POLICY), else no speculation; or JSON
     # {"method": "dspark", "num_speculative_tokens": K[, "verify": "fixed" |
@@ -234,6 +238,8 @@ class WorkerConfig(ServerOpsConfig):
         _check(self.max_model_len >= 0, "max_model_len", self.max_model_len, ">= 0")
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
         _check(self.num_threads >= 0, "num_threads", self.num_threads, ">= 0")
+        _check(self.attention in ("auto", "native", "torch"), "attention", self.attention,
+               "one of auto, native, torch")
         self.tap_layer_ids = tuple(int(x) for x in self.tap_layer_ids)
         super().__post_init__()  # metrics, drain, TLS
 

@@ -55,7 +55,8 @@ def measure(runner, budget_s: float = 2.0, grid=GRID) -> SpsProfile:
             n = min(window, left)
             seqs.append((ctx, n, blocks))
             left -= n
-        meta = build_metadata(seqs, bs, a.num_heads // a.num_kv_heads, dev)
+        meta = build_metadata(seqs, bs, a.num_heads // a.num_kv_heads, dev,
+                              native=runner.native_attention)
         if meta.gather_blocks:
             meta.ws_k, meta.ws_v = kv.workspace(meta.gather_blocks)
         tokens = torch.arange(rows, device=dev) % a.vocab_size

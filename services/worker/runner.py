@@ -20,6 +20,7 @@ from dspark.shared.config import WorkerConfig
 from dspark.shared.types import SeqOutput, SeqStep, StepOutput, StepPlan, WorkerInfo
 
 from dspark.shared.verify_fill import fill_verify_budget
+from .model import native_attention
 from .model.kv_cache import PagedKVCache, build_metadata
 from .model.llama import Llama, load_llama
 from .sampler import RowParams, sample
@@ -122,6 +123,9 @@ class ModelRunner:
         self.max_model_len = config.max_model_len or ctx
         self.model: Llama = load_llama(self.model_dir, self.dtype, self.device,
                                        self.max_model_len)
+        # the native short-window attention kernel (None: the PyTorch path)
+        self.native_attention = native_attention.resolve(config.attention, self.device,
+                                                                 self.model.args.head_dim)
         a = self.model.args
         self.model_id = model_fingerprint(self.model_dir)
         self.tap_layers = validate_tap_layers(config.tap_layer_ids, a.num_layers)
@@ -340,7 +344,8 @@ class ModelRunner:
                 logit_rows.append(len(tokens) - 1)
         meta = build_metadata([(s.start_position, len(t), s.block_ids)
                                for s, t in zip(seqs, rows_in)],
-                              self.block_size, a.num_heads // a.num_kv_heads, dev)
+                              self.block_size, a.num_heads // a.num_kv_heads, dev,
+                              native=self.native_attention)
         if meta.gather_blocks:
             meta.ws_k, meta.ws_v = self.kv.workspace(meta.gather_blocks)
         t = len(tokens)

@@ -20,6 +20,10 @@ Attention is done per group (``AttnMetadata`` is built once per step):
   each is attended on its own, on a view of its blocks when they are contiguous.
 
 Gathers copy whole blocks with ``index_select`` into a reusable workspace.
+
+With the native kernel (``native_attention.py``, the default on CPU where it
+builds) every short window goes to it instead: one call per layer for all of
+them, keys and values read from the pool in place; long chunks stay on SDPA.
 """
 from __future__ import annotations
 
@@ -110,6 +114,16 @@ class ShortGroup:
 
 
 @dataclass
+class NativeGroup:
+    """Every short window of the step, for the native kernel (native_attention.py):
+    one call per layer reads their keys from the pool in place."""
+
+    ext: object  # the compiled module
+    info: torch.Tensor  # [B, 3] int64: (first row, rows, position of the first row)
+    tables: torch.Tensor  # [B, max blocks] int64 block ids (padded with 0)
+
+
+@dataclass
 class AttnMetadata:
     """Everything attention needs for one step, built once (not per layer)."""
 
@@ -121,6 +135,7 @@ class AttnMetadata:
     ws_v: torch.Tensor | None = None
     short: ShortGroup | None = None
     long: list[LongChunk] = field(default_factory=list)
+    native: NativeGroup | None = None  # short windows, when the native kernel is used
 
     @property
     def decode1(self) -> bool:
@@ -142,19 +157,24 @@ def _key_source(block_ids: list[int], ctx_len: int, bs: int, device) -> KeySourc
 
 
 def build_metadata(seqs: list[tuple[int, int, list[int]]], bs: int, group_size: int,
-                   device: torch.device) -> AttnMetadata:
-    """seqs: (start_position, n_rows, block_ids) per sequence, in batch order."""
+                   device: torch.device, native=None) -> AttnMetadata:
+    """seqs: (start_position, n_rows, block_ids) per sequence, in batch order.
+    ``native``: the compiled kernel module (native_attention.load()), which then
+    attends every short window (CPU only)."""
     slots: list[int] = []
     positions: list[int] = []
     short: list[tuple[int, int, int, list[int]]] = []  # (row0, start, n, block_ids)
     long: list[LongChunk] = []
+    native_rows: list[tuple[int, int, int, list[int]]] = []  # (row0, n, start, blocks)
     row = 0
     per_seq = len(seqs) > 1 and sum(st + n for st, n, _ in seqs
                                     if n <= SHORT_QUERY_MAX) > BATCH_GATHER_MAX_KEYS
     for start, n, block_ids in seqs:
         slots.extend(_slots_for(block_ids, start, start + n, bs))
         positions.extend(range(start, start + n))
-        if n <= SHORT_QUERY_MAX and not per_seq:
+        if n <= SHORT_QUERY_MAX and native is not None:
+            native_rows.append((row, n, start, block_ids[:-(-(start + n) // bs)]))
+        elif n <= SHORT_QUERY_MAX and not per_seq:
             short.append((row, start, n, block_ids))
         elif n <= SHORT_QUERY_MAX:
             keys = _key_source(block_ids, start + n, bs, device)
@@ -172,6 +192,13 @@ def build_metadata(seqs: list[tuple[int, int, list[int]]], bs: int, group_size: 
         slots=torch.tensor(slots, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         block_size=bs, long=long)
+    if native_rows:
+        width = max(len(b) for *_, b in native_rows)
+        tables = torch.zeros(len(native_rows), width, dtype=torch.long)
+        for i, (*_, b) in enumerate(native_rows):
+            tables[i, :len(b)] = torch.tensor(b, dtype=torch.long)
+        info = torch.tensor([r[:3] for r in native_rows], dtype=torch.long)
+        meta.native = NativeGroup(native, info.to(device), tables.to(device))
     if short:
         meta.short = _short_group(short, row, bs, group_size, device)
         sg = meta.short
@@ -264,6 +291,10 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         o = F.scaled_dot_product_attention(q.reshape(1, n_kv, g, hd), k, v)  # [1, KV, G, hd]
         return o.reshape(1, n_heads * hd)
     out = torch.empty(t, n_heads, hd, dtype=q.dtype, device=q.device)
+    if meta.native is not None:
+        ng = meta.native
+        ng.ext.paged_short_attention(q.contiguous(), k_flat, v_flat, ng.info, ng.tables, bs,
+                                     1.0 / math.sqrt(hd), out)
     if sg is not None:
         b, qn = sg.b, sg.q
         qs = q if sg.identity else q.index_select(0, sg.rows)  # [B*Q, H, hd]

@@ -1,0 +1,147 @@
+"""The native paged attention kernel for short query windows (CPU).
+
+``native/paged_attention.cpp`` attends every decode row and verify window of a
+step in one call per layer, reading keys and values from the paged pool in place
+(the PyTorch path copies them into a padded batch, or calls SDPA once per
+sequence). It is compiled with the machine's C++ compiler (torch's
+``cpp_extension``, ``-O3 -march=native``, OpenMP) into the cache directory,
+keyed by the source, torch's version and this CPU's instruction set, so a cache
+shared between machines never loads a binary built for another CPU.
+
+``make setup`` builds it (``python -m dspark.worker.model.native_attention``);
+a worker with ``--attention auto`` uses it when it builds or is already built,
+and the PyTorch path otherwise (a machine without a compiler, another device).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent / "native" / "paged_attention.cpp"
+NAME = "dspark_paged_attention"
+BACKENDS = ("auto", "native", "torch")
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_state: dict = {}  # "ext": the loaded module, or "error": why it is unavailable
+
+
+def _cpu_key() -> str:
+    """This CPU's instruction set (the flags line), so -march=native builds stay local."""
+    flags = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags += line.split(":", 1)[1]
+                break
+    except OSError:
+        pass
+    return hashlib.sha256(flags.encode()).hexdigest()[:12]
+
+
+def build_dir() -> Path:
+    from dspark.shared.config import cache_dir
+
+    src = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    tv = torch.__version__.replace("+", "_")
+    return cache_dir() / "native" / f"{NAME}-{src}-torch{tv}-cpu{_cpu_key()}"
+
+
+def load(build: bool = True, verbose: bool = False):
+    """The compiled module, or None when it cannot be had (the reason is kept in
+    ``unavailable_reason()``). ``build=False`` only loads an existing build."""
+    with _lock:
+        if "ext" in _state:
+            return _state["ext"]
+        if "error" in _state and not build:
+            return None
+        d = build_dir()
+        if not build and not any(d.glob(f"{NAME}*.so")):
+            _state["error"] = f"not built (no {NAME}*.so in {d}; run `make setup`)"
+            return None
+        try:
+            from torch.utils.cpp_extension import load as cpp_load
+
+            d.mkdir(parents=True, exist_ok=True)
+            ext = cpp_load(NAME, [str(SOURCE)], build_directory=str(d), verbose=verbose,
+                           extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                           extra_ldflags=["-fopenmp"])
+        except Exception as e:  # no compiler, no ninja, a failed build: use the torch path
+            _state["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
+            _state.pop("ext", None)
+            return None
+        _state.pop("error", None)
+        _state["ext"] = ext
+        return ext
+
+
+def unavailable_reason() -> str:
+    return _state.get("error", "")
+
+
+LANES = 16  # the kernel's head_dim granularity (paged_attention.cpp, kW)
+
+
+def resolve(backend: str, device: torch.device, head_dim: int) -> object | None:
+    """The kernel module for a worker's ``--attention`` choice, or None (the
+    PyTorch path). "native" that cannot be had is a start-up error."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention={backend!r} is invalid: must be one of {', '.join(BACKENDS)}")
+    if backend == "torch":
+        return None
+    why = ""
+    if device.type != "cpu":
+        why = f"it is a CPU kernel and the device is {device.type}"
+    elif head_dim % LANES:
+        why = f"head_dim={head_dim} is not a multiple of {LANES}"
+    if why:
+        if backend == "native":
+            raise ValueError(f"attention='native' is unavailable: {why}")
+        return None
+    ext = load(build=True)
+    if ext is None:
+        if backend == "native":
+            raise ValueError(f"attention='native' is unavailable: {unavailable_reason()}")
+        log.warning("native attention unavailable (%s); using the PyTorch path",
+                    unavailable_reason())
+    return ext
+
+
+def main() -> int:
+    """Build (or find) the kernel and check it against the PyTorch path once."""
+    ext = load(build=True, verbose="-v" in sys.argv)
+    if ext is None:
+        print(f"native attention: unavailable ({unavailable_reason()}); "
+              "workers will use the PyTorch path", file=sys.stderr)
+        return 0 if os.environ.get("DSPARK_REQUIRE_NATIVE") != "1" else 1
+    from .kv_cache import build_metadata, paged_attention
+
+    g = torch.Generator().manual_seed(0)
+    bs, kvh, hd, h = 16, 2, 32, 4
+    k = torch.randn(64 * bs, kvh, hd, generator=g)
+    v = torch.randn(64 * bs, kvh, hd, generator=g)
+    seqs = [(40, 1, list(range(8, 16))), (17, 3, [30, 2, 5])]
+    q = torch.randn(4, h, hd, generator=g)
+    kn, vn = torch.randn(4, kvh, hd, generator=g), torch.randn(4, kvh, hd, generator=g)
+
+    def attend(native):
+        meta = build_metadata(seqs, bs, h // kvh, torch.device("cpu"), native=native)
+        ws = (meta.gather_blocks, bs, kvh, hd)
+        meta.ws_k, meta.ws_v = torch.empty(ws), torch.empty(ws)
+        return paged_attention(q, kn, vn, k.clone(), v.clone(), meta)
+
+    ref, got = attend(None), attend(ext)
+    err = float((ref - got).abs().max())
+    print(f"native attention: built in {build_dir()} (max |diff| vs PyTorch {err:.2e})")
+    return 0 if err < 1e-4 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

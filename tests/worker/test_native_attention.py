@@ -1,0 +1,139 @@
+"""The native short-window attention kernel against the PyTorch path.
+
+Skipped, with the reason, where the kernel cannot be built (no C++ compiler).
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from dspark.shared.config import WorkerConfig
+from dspark.shared.types import SamplingParams
+from dspark.worker.model import native_attention
+from dspark.worker.model.kv_cache import build_metadata, paged_attention
+from dspark.worker.runner import ModelRunner
+from dspark.worker.training.engine import OfflineEngine
+
+EXT = native_attention.load(build=True)
+pytestmark = pytest.mark.skipif(
+    EXT is None, reason=f"native attention unavailable: {native_attention.unavailable_reason()}")
+
+CPU = torch.device("cpu")
+
+
+def attend(seqs, q, k_new, v_new, k_flat, v_flat, bs, g, native):
+    """paged_attention over fresh copies of the pool (it writes this step's K/V)."""
+    meta = build_metadata(seqs, bs, g, CPU, native=EXT if native else None)
+    ws = (max(meta.gather_blocks, 1), bs) + tuple(k_flat.shape[1:])
+    meta.ws_k = torch.empty(ws, dtype=k_flat.dtype)
+    meta.ws_v = torch.empty(ws, dtype=k_flat.dtype)
+    return paged_attention(q, k_new, v_new, k_flat.clone(), v_flat.clone(), meta)
+
+
+def random_step(rng: random.Random, n_seqs: int, max_rows: int, bs: int, pool_blocks: int,
+                long_chunk: bool = False):
+    """(start, rows, block table) per sequence; tables are shuffled, non-contiguous
+    block ids, so keys are read from scattered blocks."""
+    free = list(range(pool_blocks))
+    rng.shuffle(free)
+    seqs = []
+    for i in range(n_seqs):
+        n = 12 if long_chunk and i == 0 else rng.randint(1, max_rows)
+        start = rng.randint(0, 70)
+        nb = -(-(start + n) // bs)
+        seqs.append((start, n, [free.pop() for _ in range(nb)]))
+    return seqs
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 32), (9, 3, 64), (4, 4, 16)])
+def test_matches_the_pytorch_path(dtype, tol, heads, kv_heads, hd):
+    rng = random.Random(heads * 100 + hd)
+    g = torch.Generator().manual_seed(hd)
+    bs, pool_blocks = 8, 96
+    for trial in range(4):
+        seqs = random_step(rng, n_seqs=1 + 3 * trial, max_rows=8, bs=bs,
+                           pool_blocks=pool_blocks, long_chunk=trial == 3)
+        t = sum(n for _, n, _ in seqs)
+        k = torch.randn(pool_blocks * bs, kv_heads, hd, generator=g).to(dtype)
+        v = torch.randn(pool_blocks * bs, kv_heads, hd, generator=g).to(dtype)
+        q = torch.randn(t, heads, hd, generator=g).to(dtype)
+        kn = torch.randn(t, kv_heads, hd, generator=g).to(dtype)
+        vn = torch.randn(t, kv_heads, hd, generator=g).to(dtype)
+        ref = attend(seqs, q, kn, vn, k, v, bs, heads // kv_heads, native=False)
+        got = attend(seqs, q, kn, vn, k, v, bs, heads // kv_heads, native=True)
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        assert torch.allclose(got.float(), ref.float(), atol=tol, rtol=tol), \
+            f"trial {trial}: max |diff| {(got.float() - ref.float()).abs().max():.3g}"
+
+
+def test_a_row_does_not_depend_on_its_batch():
+    """Each window's rows are computed the same way alone or among others: exact."""
+    rng = random.Random(7)
+    g = torch.Generator().manual_seed(7)
+    bs, heads, kvh, hd = 8, 6, 2, 32
+    seqs = random_step(rng, n_seqs=6, max_rows=8, bs=bs, pool_blocks=80)
+    t = sum(n for _, n, _ in seqs)
+    k, v = (torch.randn(80 * bs, kvh, hd, generator=g).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(t, heads, hd, generator=g).to(torch.bfloat16)
+    kn, vn = (torch.randn(t, kvh, hd, generator=g).to(torch.bfloat16) for _ in range(2))
+    together = attend(seqs, q, kn, vn, k, v, bs, heads // kvh, native=True)
+    row = 0
+    for s in seqs:
+        n = s[1]
+        alone = attend([s], q[row:row + n], kn[row:row + n], vn[row:row + n], k, v, bs,
+                       heads // kvh, native=True)
+        assert torch.equal(alone, together[row:row + n])
+        row += n
+
+
+def test_invalid_inputs_are_refused():
+    q = torch.randn(2, 4, 24)  # head_dim 24: not a multiple of the kernel's 16 lanes
+    k = torch.randn(16, 2, 24)
+    info = torch.tensor([[0, 2, 3]])
+    tables = torch.tensor([[0]])
+    with pytest.raises(RuntimeError, match="head_dim"):
+        EXT.paged_short_attention(q, k, k, info, tables, 8, 0.2, torch.empty_like(q))
+    with pytest.raises(RuntimeError, match="dtypes"):
+        EXT.paged_short_attention(q[..., :16].contiguous(), k[..., :16].double().contiguous(),
+                                  k[..., :16].contiguous(), info, tables, 8, 0.25,
+                                  torch.empty(2, 4, 16))
+
+
+def test_worker_config_selects_the_backend(tiny_model_dir):
+    def runner(attention):
+        return ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype="float32",
+                                        num_kv_blocks=64, block_size=8, attention=attention, tap_layer_ids=(0, 1),
+                                        speculative_config=json.dumps(
+                                            {"method": "dspark", "num_speculative_tokens": 0})))
+    assert runner("torch").native_attention is None
+    assert runner("native").native_attention is EXT
+    assert runner("auto").native_attention is EXT
+    with pytest.raises(ValueError, match="attention"):
+        WorkerConfig(attention="fast")
+    # a head_dim the kernel does not take: auto falls back, native refuses to start
+    assert native_attention.resolve("auto", CPU, 24) is None
+    with pytest.raises(ValueError, match="head_dim=24"):
+        native_attention.resolve("native", CPU, 24)
+    assert native_attention.resolve("auto", torch.device("meta"), 64) is None
+
+
+def test_greedy_output_is_the_same_on_both_paths(tiny_model_dir):
+    """fp32 end to end through the runner and the scheduler: a mixed batch of
+    prefills and decodes gives the same greedy tokens with either backend."""
+    outs = []
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 97) for _ in range(rng.randrange(3, 40))] for _ in range(5)]
+    items = [(f"r{i}", p, SamplingParams(max_tokens=20, ignore_eos=True))
+             for i, p in enumerate(prompts)]
+    for attention in ("torch", "native"):
+        r = ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype="float32",
+                                     num_kv_blocks=96, block_size=8, attention=attention, tap_layer_ids=(0, 1),
+                                     speculative_config=json.dumps(
+                                         {"method": "dspark", "num_speculative_tokens": 0})))
+        eng = OfflineEngine(r, max_num_seqs=4, max_num_batched_tokens=32)
+        outs.append({rid: ids for rid, ids, _ in eng.generate(items)})
+    assert outs[0] == outs[1]
