@@ -38,6 +38,28 @@ inline f16v loadv(const float* p) {
 }
 inline void storev(float* p, f16v v) { std::memcpy(p, &v, sizeof(v)); }
 
+// Lane u of the result is the sum of the lanes of p[u]: 16 horizontal sums at
+// once by a transpose-and-add network (15 two-vector shuffles and adds per
+// level pair, no scalar reduction), always in the same order.
+inline f16v sum16(const f16v* p) {
+  const i16v a1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const i16v b1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const i16v a2 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+  const i16v b2 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+  const i16v a3 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+  const i16v b3 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+  const i16v a4 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+  const i16v b4 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+  f16v x[8], y[4], z[2];
+  for (int i = 0; i < 8; ++i)  // x[i]: keys i (lanes 0-7) and i + 8 (lanes 8-15)
+    x[i] = __builtin_shuffle(p[i], p[i + 8], a1) + __builtin_shuffle(p[i], p[i + 8], b1);
+  for (int i = 0; i < 4; ++i)  // y[i]: keys i, i + 4, i + 8, i + 12 (4 lanes each)
+    y[i] = __builtin_shuffle(x[i], x[i + 4], a2) + __builtin_shuffle(x[i], x[i + 4], b2);
+  for (int i = 0; i < 2; ++i)  // z[i]: keys i, i + 2, ..., i + 14 (2 lanes each)
+    z[i] = __builtin_shuffle(y[i], y[i + 2], a3) + __builtin_shuffle(y[i], y[i + 2], b3);
+  return __builtin_shuffle(z[0], z[1], a4) + __builtin_shuffle(z[0], z[1], b4);
+}
+
 template <typename T>
 inline void to_float(const T* __restrict src, float* __restrict dst, int64_t n) {
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
@@ -90,8 +112,8 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
   const float sc = static_cast<float>(scale);
 
   at::parallel_for(0, n_seqs * n_kv, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> qf, scores, acc, row(hd);
-    std::vector<float> tile_t(hd * kW);    // a tile of kW keys, transposed: [hd, kW]
+    std::vector<float> qf, scores, acc;
+    std::vector<float> ktile(kW * hd);     // a tile of kW key rows
     std::vector<float> vtile(kW * hd);     // a tile of kW value rows
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t b = task / n_kv, j = task % n_kv;
@@ -102,24 +124,37 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
       auto at = [&](const T* base, int64_t t) {
         return base + (blocks[t / block_size] * block_size + t % block_size) * kv_row + j * hd;
       };
+      // the next tile's rows, while this one is computed (the pool is far larger
+      // than the caches, and the blocks are scattered)
+      const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(T));
+      auto prefetch = [&](const T* base, int64_t from, int64_t to) {
+        for (int64_t t = from; t < to; ++t) {
+          const char* p = reinterpret_cast<const char*>(at(base, t));
+          for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off);
+        }
+      };
       qf.resize(m * hd);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h = 0; h < g; ++h)
           to_float(qp + (row0 + i) * q_row + (j * g + h) * hd, qf.data() + (i * g + h) * hd, hd);
-      // scores [m, padded]: kW keys at a time, each query's kW scores one vector
+      // scores [m, padded]: kW keys at a time; per query, kW vectors of partial
+      // products, summed across lanes by sum16 into one vector of kW scores
       scores.assign(m * padded, 0.f);
       for (int64_t t0 = 0; t0 < n_keys; t0 += kW) {
         const int64_t nt = std::min<int64_t>(kW, n_keys - t0);
-        if (nt < kW) std::fill(tile_t.begin(), tile_t.end(), 0.f);
-        for (int64_t u = 0; u < nt; ++u) {
-          to_float(at(kp, t0 + u), row.data(), hd);
-          for (int64_t d = 0; d < hd; ++d) tile_t[d * kW + u] = row[d];
-        }
+        prefetch(kp, t0 + kW, std::min<int64_t>(n_keys, t0 + 2 * kW));
+        if (nt < kW) std::fill(ktile.begin(), ktile.end(), 0.f);
+        for (int64_t u = 0; u < nt; ++u) to_float(at(kp, t0 + u), ktile.data() + u * hd, hd);
         for (int64_t r = 0; r < m; ++r) {
           const float* qr = qf.data() + r * hd;
-          f16v s = {};
-          for (int64_t d = 0; d < hd; ++d) s += qr[d] * loadv(tile_t.data() + d * kW);
-          storev(scores.data() + r * padded + t0, s * sc);
+          f16v part[kW];
+          for (int u = 0; u < kW; ++u) {
+            const float* ku = ktile.data() + u * hd;
+            f16v a = loadv(qr) * loadv(ku);
+            for (int64_t c = 1; c < nc; ++c) a += loadv(qr + c * kW) * loadv(ku + c * kW);
+            part[u] = a;
+          }
+          storev(scores.data() + r * padded + t0, sum16(part) * sc);
         }
       }
       // softmax per query row over the keys it sees (row i: [0, start + i]);
@@ -146,6 +181,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
       acc.assign(m * hd, 0.f);
       for (int64_t t0 = 0; t0 < n_keys; t0 += kW) {
         const int64_t nt = std::min<int64_t>(kW, n_keys - t0);
+        prefetch(vp, t0 + kW, std::min<int64_t>(n_keys, t0 + 2 * kW));
         for (int64_t u = 0; u < nt; ++u) to_float(at(vp, t0 + u), vtile.data() + u * hd, hd);
         for (int64_t r = 0; r < m; ++r) {
           const float* w = scores.data() + r * padded + t0;
