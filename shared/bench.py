@@ -90,11 +90,23 @@ def spec_stats(runs: list[dict]) -> dict:
 
 
 def run_concurrent(client, prompts: list[str], conc: int, max_tokens: int) -> dict:
+    return pool_rounds([concurrent_round(client, prompts, conc, max_tokens)])
+
+
+def concurrent_round(client, prompts: list[str], conc: int, max_tokens: int) -> dict:
+    """One round: conc requests at once; their streams and the wall time."""
     jobs = [prompts[i % len(prompts)] for i in range(conc)]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conc) as pool:
         res = list(pool.map(lambda p: _one_stream(client, p, max_tokens), jobs))
-    wall = time.perf_counter() - t0
+    return {"runs": res, "wall_s": time.perf_counter() - t0}
+
+
+def pool_rounds(rounds: list[dict]) -> dict:
+    """Rounds of one deployment pooled: all tokens over all wall time, medians of
+    every request's TTFT and ITL, speculation over every request."""
+    res = [r for rd in rounds for r in rd["runs"]]
+    wall = sum(rd["wall_s"] for rd in rounds)
     return {"tokens_per_s": sum(r["tokens"] for r in res) / wall,
             "ttft_ms": 1000 * statistics.median(r["ttft_s"] for r in res),
             "itl_ms": 1000 * statistics.median(r["itl_s"] for r in res),
@@ -138,7 +150,7 @@ def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
     try:
         for i, (name, k, verify) in enumerate(variants):
             port = args.port + 20 * i
-            wargs = ["--dtype", args.dtype] + _spec_flag(k, verify)
+            wargs = ["--dtype", args.dtype, "--attention", args.attention] + _spec_flag(k, verify)
             if k and args.drafter:
                 wargs += ["--drafter", args.drafter]
             clusters[name] = start_cluster(worker_args=wargs, log_dir=log_dir / name,
@@ -167,8 +179,15 @@ def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
             print(f"  {name} batch 1: {res[name]['batch1_tokens_per_s']:.1f} tok/s, "
                   f"tau {res[name]['mean_accepted_length']}", file=sys.stderr)
         for conc in (8, 32):
+            # rounds alternate between the deployments (k0, k7, k7c, k0, ...), so
+            # a drift of the machine over minutes falls on all of them alike
+            rounds: dict = {name: [] for name, _, _ in variants}
+            for _ in range(args.rounds):
+                for name, _, _ in variants:
+                    rounds[name].append(concurrent_round(clients[name], prompts, conc,
+                                                         args.max_tokens))
             for name, _, _ in variants:
-                r = run_concurrent(clients[name], prompts, conc, args.max_tokens)
+                r = pool_rounds(rounds[name])
                 res[name][f"conc{conc}_tokens_per_s"] = r["tokens_per_s"]
                 res[name][f"conc{conc}_ttft_ms"] = r["ttft_ms"]
                 res[name][f"conc{conc}_itl_ms"] = r["itl_ms"]
@@ -313,9 +332,13 @@ def main(args) -> int:
     prompts = load_eval_prompts(max(32, args.num_prompts))
     dtype = _resolved_dtype(args.dtype)
     args.dtype = dtype
+    if args.attention == "auto":  # what the workers will resolve it to
+        from dspark.worker.model import native_attention
+
+        args.attention = "native" if native_attention.load(build=True) is not None else "torch"
     log_dir = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
-    print(f"bench: {dtype}, {args.max_tokens} new tokens per request, logs in {log_dir}",
-          file=sys.stderr)
+    print(f"bench: {dtype}, {args.attention} attention, {args.max_tokens} new tokens per "
+          f"request, logs in {log_dir}", file=sys.stderr)
     hf = HFBaseline(Path(model_dir or default_model_dir()), dtype)
     services = bench_services(prompts, args, log_dir, hf)
     hf_rate = services.pop("hf_batch1_tokens_per_s")
@@ -323,7 +346,7 @@ def main(args) -> int:
     k0, k7, k7c = services["k0"], services.get("k7"), services.get("k7c")
     frac = hf.weight_bytes * k0["batch1_tokens_per_s"] / (bw * 1e9)
     result = {
-        "dtype": dtype, "max_tokens": args.max_tokens,
+        "dtype": dtype, "attention": args.attention, "max_tokens": args.max_tokens,
         "k0": k0,
         "transformers": {"batch1_tokens_per_s": hf_rate},
         "speedup_vs_transformers_batch1": k0["batch1_tokens_per_s"] / hf_rate,

@@ -292,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--k", type=int, default=7,
                    help="speculative tokens of the second deployment (0 = K=0 only)")
     b.add_argument("--drafter", default="", help="drafter checkpoint (default: the shipped one)")
+    b.add_argument("--rounds", type=int, default=2,
+                   help="concurrency rounds per deployment, alternating between them")
+    b.add_argument("--attention", default="auto", choices=("auto", "native", "torch"),
+                   help="the workers' short-window attention (default: native where built)")
     b.add_argument("--memory-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also run 32 concurrent ~2k-token requests and report peak RSS")
     b.set_defaults(fn=cmd_bench)
