@@ -402,3 +402,43 @@ def test_core_imports_no_torch_or_grpc():
                 assert name.split(".")[0] not in ("torch", "grpc", "numpy"), (path, name)
                 assert "dspark.v1" not in name and "_pb2" not in name, (path, name)
 
+
+
+def test_async_plain_decoding_keeps_the_batch_whole():
+    """Async scheduling with plain (K = 0) requests: their next token cannot be
+    planned before the in-flight step returns, so the next step waits for it
+    instead of running the others alone. Requests that arrived at different
+    times still decode together, one step per token, and the outputs are the
+    unbatched reference."""
+    from collections import deque
+
+    sched = create_scheduler(num_blocks=64, budget=64)
+    assert sched.config.async_scheduling
+    worker = FakeWorker(64, 4)
+    prompts = {f"r{i}": create_prompt(5 + i, salt=i) for i in range(4)}
+    sp = sampling(max_tokens=12, ignore_eos=True)
+    results: dict[str, list[int]] = {rid: [] for rid in prompts}
+    inflight: deque = deque()
+    sizes = []
+    for rid in ("r0", "r1"):
+        sched.add_request(rid, prompts[rid], sp)
+    for step in range(200):
+        if not sched.has_unfinished() and not inflight:
+            break
+        plan = sched.schedule()
+        if plan is not None:
+            sizes.append(len(plan.seqs))
+            inflight.append((plan, worker.step(plan)))
+        if step == 2:  # two more arrive while the first two's step is in flight
+            for rid in ("r2", "r3"):
+                sched.add_request(rid, prompts[rid], sp)
+        keep = 1 if plan is not None else 0
+        while len(inflight) > keep:
+            p, out = inflight.popleft()
+            for ro in sched.update_from_output(p, out):
+                results[ro.request_id].extend(ro.new_token_ids)
+    for rid, prompt in prompts.items():
+        assert results[rid] == reference(prompt, sp)[0]
+    # once all four run, every step carries all four (no halves taking turns)
+    assert sizes.count(4) >= 10 and max(sizes) == 4
+    assert len(sizes) <= 12 + 4, sizes
