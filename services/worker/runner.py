@@ -358,7 +358,7 @@ class ModelRunner:
                    for s, tk in zip(seqs, rows_in)]
         if logits is not None:
             self._results(seqs, rows_in, logits, drafts, spec, outputs)
-        row = 0
+        row, ring_writes = 0, []
         for s, toks, out in zip(seqs, rows_in, outputs):
             if plan_deferred.get(s.request_id):
                 out.anchor_token, out.anchor_position = s.token_ids[0], s.start_position
@@ -368,10 +368,12 @@ class ModelRunner:
                 rows_s = taps[row:row + n]
                 self._keep_taps(s, rows_s)
                 if s.lease_id >= 0:
-                    self.leases.write(s.lease_id, s.start_position, rows_s)
+                    ring_writes.append((s.lease_id, s.start_position, rows_s))
                 if s.return_tap_rows:
                     out.tap_rows = rows_s.float().cpu().numpy()
             row += n
+        if ring_writes:  # every lease's new rows in one pass of the drafter's projection
+            self.leases.write_many(ring_writes)
         return StepOutput(plan.step_id, outputs, forward_ms=(time.perf_counter() - t0) * 1e3)
 
     def _resolve_anchor(self, s: SeqStep) -> SeqStep:

@@ -185,6 +185,34 @@ def test_sampled_speculation_is_deterministic_per_seed(runners):
     assert a == b
 
 
+def test_ring_writes_batched_equal_one_at_a_time(runners):
+    """write_many (one projection pass for a step's leases) leaves the rings as
+    one write per lease would, including a write longer than the ring."""
+    _, r7 = runners
+    pool = r7.leases
+    d3 = 3 * r7.model.args.hidden_size
+    torch.manual_seed(5)
+    items = [(0, 0, torch.randn(5, d3)), (2, 9, torch.randn(1, d3)),
+             (3, 4, torch.randn(pool.ring + 6, d3))]
+    rings = []
+    for batched in (False, True):
+        for lease, _, _ in items:
+            pool.claim(lease, f"w{lease}-{batched}")
+        if batched:
+            pool.write_many(items)
+        else:
+            for it in items:
+                pool.write(*it)
+        rings.append([(pool.k[li][[0, 2, 3]].clone(), pool.v[li][[0, 2, 3]].clone())
+                      for li in range(len(pool.k))] + [pool.pos[[0, 2, 3]].clone()])
+        for lease, _, _ in items:
+            pool.release(f"w{lease}-{batched}")
+    assert torch.equal(rings[0][-1], rings[1][-1])
+    assert int((rings[1][-1][2] >= 0).sum()) == pool.ring  # the long write filled lease 3
+    for (k0, v0), (k1, v1) in zip(rings[0][:-1], rings[1][:-1]):
+        assert torch.allclose(k0, k1, atol=1e-5) and torch.allclose(v0, v1, atol=1e-5)
+
+
 def test_reused_lease_never_shows_the_previous_rows(runners):
     _, r7 = runners
     pool = r7.leases
