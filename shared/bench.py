@@ -142,7 +142,7 @@ def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
     deployments back to back.
     """
     from dspark.shared.client import Client
-    from dspark.shared.launcher import start_cluster
+    from dspark.shared.launcher import colocated_async_default, start_cluster
 
     variants = [(name, args.k if k is None else k, verify)
                 for name, k, verify, _ in DEPLOYMENTS if k == 0 or args.k]
@@ -153,7 +153,10 @@ def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
             wargs = ["--dtype", args.dtype, "--attention", args.attention] + _spec_flag(k, verify)
             if k and args.drafter:
                 wargs += ["--drafter", args.drafter]
+            async_ = colocated_async_default("cpu")  # what `dspark serve` runs
             clusters[name] = start_cluster(worker_args=wargs, log_dir=log_dir / name,
+                                           scheduler_args=["--async-scheduling" if async_
+                                                           else "--no-async-scheduling"],
                                            router_port=port, base_port=port + 1,
                                            timeout_s=600)
             clients[name] = Client(clusters[name].router, timeout=900)

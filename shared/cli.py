@@ -200,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-batched-tokens", type=int, default=None)
     s.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="dispatch step N+1 before step N returns (speculation: position "
-                        "correction); output is identical to sync scheduling (default: on)")
+                        "correction); output is identical to sync scheduling (default: on "
+                        "for a GPU/NPU worker, off for a CPU worker, which shares this "
+                        "machine's cores with the scheduler)")
     s.add_argument("--log-dir", default=None, help="write each service's log to a file here")
     s.add_argument("--log-level", default="INFO")
     s.set_defaults(fn=cmd_serve)
