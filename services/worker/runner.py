@@ -125,7 +125,7 @@ class ModelRunner:
                                        self.max_model_len)
         # the native short-window attention kernel (None: the PyTorch path)
         self.native_attention = native_attention.resolve(config.attention, self.device,
-                                                                 self.model.args.head_dim)
+                                                         self.model.args.head_dim)
         a = self.model.args
         self.model_id = model_fingerprint(self.model_dir)
         self.tap_layers = validate_tap_layers(config.tap_layer_ids, a.num_layers)

@@ -137,3 +137,17 @@ def test_greedy_output_is_the_same_on_both_paths(tiny_model_dir):
         eng = OfflineEngine(r, max_num_seqs=4, max_num_batched_tokens=32)
         outs.append({rid: ids for rid, ids, _ in eng.generate(items)})
     assert outs[0] == outs[1]
+
+
+def test_auto_never_compiles_at_start_up(tmp_path, monkeypatch):
+    """With no build in the cache, --attention auto takes the PyTorch path (and
+    says how to build) instead of compiling inside a worker's start-up."""
+    monkeypatch.setattr(native_attention, "_state", {})
+    monkeypatch.setattr(native_attention, "build_dir", lambda: tmp_path / "none")
+    compiled = []
+    import torch.utils.cpp_extension as cpp
+
+    monkeypatch.setattr(cpp, "load", lambda *a, **k: compiled.append(a))
+    assert native_attention.resolve("auto", CPU, 64) is None
+    assert "make setup" in native_attention.unavailable_reason()
+    assert compiled == []

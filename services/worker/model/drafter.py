@@ -27,7 +27,6 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .llama import packed_linear as _packed_linear
 from .llama import rope_inv_freq
 
 # Loss mixture of DSPARK.md section 2.4.
@@ -564,17 +563,14 @@ class DSparkDrafter(torch.nn.Module):
             k_max, h = depth, h[:, :depth]
         base = self.base_logits(h)  # [B, depth, Vd]
         w1 = self.markov_w1 if c.markov_rank else None
-        w2 = getattr(self, "_packed_w2", None)
         prev, toks, probs, dists, rows = anchors, [], [], [], []
         for k in range(k_max):
             logits = base[:, k]
             if w1 is not None:
                 e = F.embedding(prev, w1)  # [B, r]: W1[x_{k-1}]
                 rows.append(e)
-                if use_markov:
-                    bias = F.linear(e, self.markov_w2) if w2 is None else \
-                        _packed_linear(e, w2)
-                    logits = logits + bias.float()
+                if use_markov:  # B(x_{k-1}) = W2 @ W1[x_{k-1}], as markov_bias
+                    logits = logits + self._plin(e, self.markov_w2, "_packed_w2").float()
             if pick is not None:
                 slot, p = pick(k, logits)
             elif temperature > 0:

@@ -22,7 +22,7 @@ Attention is done per group (``AttnMetadata`` is built once per step):
 Gathers copy whole blocks with ``index_select`` into a reusable workspace.
 
 With the native kernel (``native_attention.py``, the default on CPU where it
-builds) every short window goes to it instead: one call per layer for all of
+is built) every short window goes to it instead: one call per layer for all of
 them, keys and values read from the pool in place; long chunks stay on SDPA.
 """
 from __future__ import annotations
@@ -173,7 +173,7 @@ def build_metadata(seqs: list[tuple[int, int, list[int]]], bs: int, group_size: 
         slots.extend(_slots_for(block_ids, start, start + n, bs))
         positions.extend(range(start, start + n))
         if n <= SHORT_QUERY_MAX and native is not None:
-            native_rows.append((row, n, start, block_ids[:-(-(start + n) // bs)]))
+            native_rows.append((row, n, start, block_ids[:blocks_needed(start + n, bs)]))
         elif n <= SHORT_QUERY_MAX and not per_seq:
             short.append((row, start, n, block_ids))
         elif n <= SHORT_QUERY_MAX:
@@ -194,11 +194,10 @@ def build_metadata(seqs: list[tuple[int, int, list[int]]], bs: int, group_size: 
         block_size=bs, long=long)
     if native_rows:
         width = max(len(b) for *_, b in native_rows)
-        tables = torch.zeros(len(native_rows), width, dtype=torch.long)
-        for i, (*_, b) in enumerate(native_rows):
-            tables[i, :len(b)] = torch.tensor(b, dtype=torch.long)
-        info = torch.tensor([r[:3] for r in native_rows], dtype=torch.long)
-        meta.native = NativeGroup(native, info.to(device), tables.to(device))
+        tables = torch.tensor([b + [0] * (width - len(b)) for *_, b in native_rows],
+                              dtype=torch.long, device=device)
+        info = torch.tensor([r[:3] for r in native_rows], dtype=torch.long, device=device)
+        meta.native = NativeGroup(native, info, tables)
     if short:
         meta.short = _short_group(short, row, bs, group_size, device)
         sg = meta.short

@@ -9,8 +9,9 @@ keyed by the source, torch's version and this CPU's instruction set, so a cache
 shared between machines never loads a binary built for another CPU.
 
 ``make setup`` builds it (``python -m dspark.worker.model.native_attention``);
-a worker with ``--attention auto`` uses it when it builds or is already built,
-and the PyTorch path otherwise (a machine without a compiler, another device).
+a worker with ``--attention auto`` uses it when it is built, and the PyTorch
+path otherwise (not built, a machine without a compiler, another device);
+``--attention native`` builds it if needed.
 """
 from __future__ import annotations
 
@@ -56,11 +57,12 @@ def build_dir() -> Path:
 
 def load(build: bool = True, verbose: bool = False):
     """The compiled module, or None when it cannot be had (the reason is kept in
-    ``unavailable_reason()``). ``build=False`` only loads an existing build."""
+    ``unavailable_reason()``). ``build=False`` only loads an existing build. A
+    build that failed is not tried again in this process."""
     with _lock:
         if "ext" in _state:
             return _state["ext"]
-        if "error" in _state and not build:
+        if _state.get("build_failed") or ("error" in _state and not build):
             return None
         d = build_dir()
         if not build and not any(d.glob(f"{NAME}*.so")):
@@ -75,7 +77,7 @@ def load(build: bool = True, verbose: bool = False):
                            extra_ldflags=["-fopenmp"])
         except Exception as e:  # no compiler, no ninja, a failed build: use the torch path
             _state["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
-            _state.pop("ext", None)
+            _state["build_failed"] = build
             return None
         _state.pop("error", None)
         _state["ext"] = ext
@@ -91,7 +93,9 @@ LANES = 16  # the kernel's head_dim granularity (paged_attention.cpp, kW)
 
 def resolve(backend: str, device: torch.device, head_dim: int) -> object | None:
     """The kernel module for a worker's ``--attention`` choice, or None (the
-    PyTorch path). "native" that cannot be had is a start-up error."""
+    PyTorch path). "auto" only loads a kernel already built (`make setup`), so a
+    worker never spends its start-up compiling; "native" builds it when missing,
+    and one that cannot be had is a start-up error."""
     if backend not in BACKENDS:
         raise ValueError(f"attention={backend!r} is invalid: must be one of {', '.join(BACKENDS)}")
     if backend == "torch":
@@ -105,7 +109,7 @@ def resolve(backend: str, device: torch.device, head_dim: int) -> object | None:
         if backend == "native":
             raise ValueError(f"attention='native' is unavailable: {why}")
         return None
-    ext = load(build=True)
+    ext = load(build=backend == "native")
     if ext is None:
         if backend == "native":
             raise ValueError(f"attention='native' is unavailable: {unavailable_reason()}")
