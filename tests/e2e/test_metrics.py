@@ -135,7 +135,10 @@ def test_gauges_show_a_running_request(cluster, client):
     while not done.is_set() and time.monotonic() < deadline:
         m = scrape_all(cluster)
         scheds = [m[f"scheduler-{i}"] for i in (0, 1)]
-        busy = [s for s in scheds if v(s, "dspark_scheduler_num_requests_batched") == 1]
+        # one scrape where all of them agree: the batched gauge is sampled every
+        # 0.25 s, so a scrape just after the request ends can still show it batched
+        busy = [s for s in scheds if v(s, "dspark_scheduler_num_requests_batched") == 1
+                and v(s, "dspark_scheduler_num_requests_running") == 1]
         if busy and v(m["router"], "dspark_router_num_requests_running") == 1:
             seen = busy[0]
             break
