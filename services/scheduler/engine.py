@@ -18,8 +18,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dspark.scheduler.core.errors import AdmissionError
-from dspark.scheduler.core.profile_fit import OnlineProfile
 from dspark.scheduler.core.scheduler import Scheduler
+from dspark.scheduler.progress import ProgressLog
 from dspark.shared import errors, pb
 from dspark.shared.config import SchedulerConfig
 from dspark.shared.logging import get_logger
@@ -62,6 +62,7 @@ class Engine:
         # SchedulerMetrics set (record_spec_step per request per verify step).
         self.on_step = None
         self.metrics = None
+        self._progress = ProgressLog()
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -228,36 +229,10 @@ class Engine:
             except (asyncio.CancelledError, grpc.aio.AioRpcError):
                 pass
 
-    def _maybe_log_progress(self, every_s: float = 10.0) -> None:
-        """A periodic progress line: steps, queue, and the mean accepted length."""
-        now = time.monotonic()
-        last = getattr(self, "_last_progress", None)
-        if last is None:
-            self._last_progress = (now, self.steps, self.core.spec_totals.verify_steps,
-                                   self.core.spec_totals.committed_in_verify)
-            return
-        if now - last[0] < every_s:
-            return
-        st = self.core.spec_totals
-        d_steps, d_verify = self.steps - last[1], st.verify_steps - last[2]
-        d_commit = st.committed_in_verify - last[3]
-        load = self.core.load()
-        extra = {}
-        if self.core.num_spec:
-            extra = dict(mean_accepted_length=round(d_commit / d_verify, 3) if d_verify else None,
-                         mean_accepted_length_total=round(st.mean_accepted_length, 3),
-                         per_position_acceptance=[round(x, 3)
-                                                  for x in st.per_position_acceptance],
-                         fallback_steps=st.fallback_steps,
-                         unverified_steps=st.unverified_steps)
-            if isinstance(self.core.sps_profile, OnlineProfile):  # refitted so far
-                cur = self.core.sps_profile.current()
-                extra["sps_forward_ms"] = dict(zip(cur.rows, (round(x, 1)
-                                                              for x in cur.forward_ms)))
-        log.info("progress", steps_per_s=round(d_steps / (now - last[0]), 2),
-                 running=load["num_running"], waiting=load["num_waiting"],
-                 free_kv_blocks=load["free_kv_blocks"], **extra)
-        self._last_progress = (now, self.steps, st.verify_steps, st.committed_in_verify)
+    def _maybe_log_progress(self) -> None:
+        fields = self._progress.fields(self.core, self.steps, time.monotonic())
+        if fields is not None:
+            log.info("progress", **fields)
 
     async def _release_pending(self) -> None:
         if not self._to_release:
