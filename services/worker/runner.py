@@ -232,12 +232,14 @@ class ModelRunner:
                 self.leases.release(rid)
 
     def last_tap_rows(self, request_id: str) -> torch.Tensor | None:
-        """The latest step's tap rows of a request: [n_rows, m*d] in the model dtype."""
+        """The latest step's tap rows of a request that asked for them
+        (``return_tap_rows``): [n_rows, m*d] in the model dtype."""
         buf = self._taps.get(request_id)
         return None if buf is None else buf.last
 
     def tap_tail(self, request_id: str) -> tuple[int, torch.Tensor] | None:
-        """(position of the first row, rows [n, m*d]) of a request's tap tail."""
+        """(position of the first row, rows [n, m*d]) of the tap tail of a request
+        that asks for tap rows (drafting reads the lease ring instead)."""
         buf = self._taps.get(request_id)
         return None if buf is None else (buf.tail_start, buf.tail)
 
@@ -349,11 +351,16 @@ class ModelRunner:
         if meta.gather_blocks:
             meta.ws_k, meta.ws_v = self.kv.workspace(meta.gather_blocks)
         t = len(tokens)
+        # tap rows: for the lease rings, and for requests that ask for them (a K = 0
+        # worker captures none otherwise)
+        want = [s.return_tap_rows for s in seqs]
         taps = (torch.empty(t, len(self.tap_layers) * a.hidden_size, dtype=self.dtype,
-                            device=dev) if self.tap_layers else None)
+                            device=dev)
+                if self.tap_layers and (self.leases is not None or any(want)) else None)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=dev) if logit_rows else None
         logits = self.model.forward(torch.tensor(tokens, dtype=torch.long, device=dev), meta,
-                                    self.kv, rows, self.tap_layers, taps)
+                                    self.kv, rows, self.tap_layers if taps is not None else (),
+                                    taps, float_logits=False)
         outputs = [SeqOutput(s.request_id, num_tap_rows=len(tk) if taps is not None else 0)
                    for s, tk in zip(seqs, rows_in)]
         if logits is not None:
@@ -366,7 +373,8 @@ class ModelRunner:
             n = len(toks)
             if taps is not None:
                 rows_s = taps[row:row + n]
-                self._keep_taps(s, rows_s)
+                if s.return_tap_rows:  # the lease ring holds what drafting needs
+                    self._keep_taps(s, rows_s)
                 if s.lease_id >= 0:
                     ring_writes.append((s.lease_id, s.start_position, rows_s))
                 if s.return_tap_rows:
@@ -442,11 +450,12 @@ class ModelRunner:
             params = [RowParams(seqs[i].temperature, seqs[i].top_k, seqs[i].top_p,
                                 seqs[i].seed, seqs[i].start_position + len(rows_in[i]))
                       for i in plain]
-            tok, lp = sample(logits[plain_rows] if vin else logits, params)
+            tok, lp = sample((logits[plain_rows] if vin else logits).float(), params)
             for i, t_, l_ in zip(plain, tok.tolist(), lp.tolist()):
                 outputs[i].token_id, outputs[i].logprob = t_, l_
         if vin:
-            results = verify(logits[vrows], vin)
+            # the verify rows (no copy when they are all the logits rows)
+            results = verify(logits[vrows] if plain else logits, vin)
             for j, (i, res) in enumerate(zip(spec, results)):
                 o = outputs[i]
                 o.draft_tokens, o.target_tokens = res.draft_tokens, res.target_tokens

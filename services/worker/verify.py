@@ -90,8 +90,10 @@ def sample_draft(probs: torch.Tensor, params: Sequence[RowParams],
 
 
 def verify(logits: torch.Tensor, inputs: Sequence[VerifyInput]) -> list[VerifyResult]:
-    """logits [sum(K_r + 1), V] of the verify rows -> one VerifyResult per input."""
-    logits = logits.float()
+    """logits [sum(K_r + 1), V] of the verify rows -> one VerifyResult per input.
+
+    Any float dtype: greedy rows take the argmax as given (a bf16 row's argmax is
+    its float32 copy's), only the sampled rows are converted to float32."""
     offsets, n = [], 0
     for x in inputs:
         k = len(x.draft_tokens)
@@ -154,7 +156,7 @@ def _target_rows(logits: torch.Tensor, row_params: list[RowParams]) -> tuple[lis
     if not rand:
         return target.tolist(), _Rows(None, [])
     r = _index(rand, logits.device)
-    sub = _filtered_logits(logits.index_select(0, r), [row_params[j] for j in rand])
+    sub = _filtered_logits(logits.index_select(0, r).float(), [row_params[j] for j in rand])
     # the sampler's exponential race, term for term, so t_j == sample()'s token
     noise = torch.stack([_exp_noise(row_params[j], logits.shape[1]) for j in rand])
     picked = torch.argmax(torch.log_softmax(sub, dim=-1) - noise.to(logits.device).log(), -1)

@@ -195,12 +195,15 @@ def test_tap_tail_is_bounded_and_rewinds(tmp_path):
                                  num_kv_blocks=64, tap_layer_ids=(1,)))
     toks = _tokens(6, 200)
     blocks = list(range(25))
-    r.step(StepPlan(0, [SeqStep("t", toks[:150], 0, blocks, sample=False)]))
-    r.step(StepPlan(1, [SeqStep("t", toks[150:170], 150, blocks, sample=False)]))
+    r.step(StepPlan(0, [SeqStep("t", toks[:150], 0, blocks, sample=False,
+                                return_tap_rows=True)]))
+    r.step(StepPlan(1, [SeqStep("t", toks[150:170], 150, blocks, sample=False,
+                                return_tap_rows=True)]))
     start, tail = r.tap_tail("t")
     assert (start, tail.shape[0]) == (170 - 128, 128)
     before = tail[-20:].clone()
-    r.step(StepPlan(2, [SeqStep("t", toks[150:160], 150, blocks, sample=False)]))  # rewind
+    r.step(StepPlan(2, [SeqStep("t", toks[150:160], 150, blocks, sample=False,
+                                return_tap_rows=True)]))  # rewind
     start, tail = r.tap_tail("t")
     assert start + tail.shape[0] == 160
     # the same rows recomputed in a 10-row chunk instead of a 20-row one: equal up to
@@ -252,7 +255,7 @@ def test_kv_pool_sized_from_gib(tiny_model_dir):
                                  kv_cache_gib=1 / 1024, tap_layer_ids=(1,)))
     assert r.info().num_kv_blocks == 128
     toks = _tokens(30, 5)
-    r.step(StepPlan(0, [SeqStep("k", toks, 0, [127], sample=False)]))
+    r.step(StepPlan(0, [SeqStep("k", toks, 0, [127], sample=False, return_tap_rows=True)]))
     assert r.last_tap_rows("k").shape == (5, 64)
     assert r.info().max_model_len == 256
     with pytest.raises(ValueError, match="max_model_len"):
@@ -296,8 +299,10 @@ def test_bfloat16_close_to_float32(tiny_model_dir):
         toks = _tokens(2, 20)
         r.step(StepPlan(0, [SeqStep("q", toks[:12], 0, [0, 1, 2], sample=False)]))
         r.step(StepPlan(1, [SeqStep("q", toks[12:], 12, [0, 1, 2], sample=True)]))
-    assert logits["bfloat16"].dtype == torch.float32
-    torch.testing.assert_close(logits["bfloat16"], logits["float32"], atol=0.25, rtol=0.05)
+    # the runner takes logits in the model dtype and converts only the rows it samples
+    assert logits["bfloat16"].dtype == torch.bfloat16
+    torch.testing.assert_close(logits["bfloat16"].float(), logits["float32"], atol=0.25,
+                               rtol=0.05)
 
 
 @pytest.mark.parametrize("wide", [False, True])
@@ -328,3 +333,29 @@ def test_bf16_prefill_fp32_path_matches_decode_path(tiny_model_dir, monkeypatch,
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def test_plain_worker_captures_tap_rows_only_when_asked(runner, monkeypatch):
+    """K = 0: nothing reads tap rows unless a request asks for them, so the forward
+    captures none and no tail is kept; the sampled tokens are the same."""
+    seen = []
+    forward = runner.model.forward
+
+    def spy(*a, **kw):
+        seen.append(a[4] if len(a) > 4 else kw.get("tap_layers", ()))
+        return forward(*a, **kw)
+
+    monkeypatch.setattr(runner.model, "forward", spy)
+    toks = _tokens(40, 9)
+    outs = {}
+    for ask in (False, True):
+        rid = f"ask-{ask}"
+        o = runner.step(StepPlan(0, [SeqStep(rid, toks, 0, _blocks(50, 9), sample=True,
+                                             return_tap_rows=ask)])).outputs[0]
+        outs[ask] = o
+        assert (runner.tap_tail(rid) is not None) == ask
+        runner.release([rid])
+    assert seen == [(), TAPS]
+    assert outs[False].num_tap_rows == 0 and outs[False].tap_rows is None
+    assert outs[True].num_tap_rows == 9
+    assert outs[False].token_id == outs[True].token_id

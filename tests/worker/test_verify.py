@@ -262,3 +262,15 @@ def test_greedy_speculation_reproduces_greedy_decoding():
     for _ in range(N_OUT):
         chain.append(TARGET[chain[-1]].argmax().item())
     assert toks.tolist() == [chain[1:]] * 50
+
+
+def test_model_dtype_logits_verify_as_their_float32_copy():
+    """The runner hands verify the logits in the model dtype: every field equals
+    verifying their float32 copy (greedy argmax on bf16, sampled rows converted)."""
+    logits, inputs = _mixed_batch()
+    # many near-ties after rounding to bf16, so a different argmax rule would show
+    half = (logits * 4).round().to(torch.bfloat16)
+    assert verify(half, inputs) == verify(half.float(), inputs)
+    tok, _ = sample(half.float(), [GREEDY] * half.shape[0])
+    assert [t for r in verify(half, [VerifyInput([], GREEDY, i) for i in range(half.shape[0])])
+            for t in r.target_tokens] == tok.tolist()

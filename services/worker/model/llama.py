@@ -192,10 +192,12 @@ class Llama(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor, meta: AttnMetadata, kv: PagedKVCache,
                 logit_rows: torch.Tensor | None, tap_layers: tuple[int, ...] = (),
-                taps_out: torch.Tensor | None = None) -> torch.Tensor | None:
+                taps_out: torch.Tensor | None = None,
+                float_logits: bool = True) -> torch.Tensor | None:
         """tokens: [T]; logit_rows: [S] rows that need logits (None = none).
 
-        Returns logits [S, V] in float32 (or None). When tap_layers are given,
+        Returns logits [S, V] in float32 (or None; ``float_logits=False``: in the
+        model dtype, for callers that convert only the rows they need). When tap_layers are given,
         taps_out [T, len(tap_layers) * d] receives the residual stream after
         each of those layers.
         """
@@ -227,7 +229,8 @@ class Llama(torch.nn.Module):
             return None
         xs = x.index_select(0, logit_rows) if logit_rows.shape[0] != t else x
         # logits for a few rows: the (packed) decode head
-        return self.linear(F.rms_norm(xs, (d,), self.norm, eps), self.lm_head).float()  # [S, V]
+        logits = self.linear(F.rms_norm(xs, (d,), self.norm, eps), self.lm_head)  # [S, V]
+        return logits.float() if float_logits else logits
 
 
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device,
