@@ -14,9 +14,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+# warm-started runs start where their weights' training left off: (labelled
+# tokens, minutes) before their first point
+OFFSETS = {"s12-d3": (1.05e6 + 216_318, 106 + 95)}
 # file stem -> legend label (the card's names for the runs)
 RUNS = {
-    "s10-mix": "s10: from scratch, answers + prompts' text (shipped)",
+    "s12-d3": "s12: warm from s10 + a 2nd pass, 2x the answers (shipped; new held-out set)",
+    "s10-mix": "s10: from scratch, answers + prompts' text",
     "d2": "d2: warm start, 45% stdlib code (shipped before)",
     "s9-src-selfgen": "s9 arm: answers only",
     "s9-src-train-prompts": "s9 arm: prompts' text only",
@@ -37,8 +41,9 @@ def main(out: Path = HERE / "curves.png") -> int:
         if not f.is_file():
             continue
         pts = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-        xs = [p["data_tokens"] / 1e6 for p in pts]
-        ts = [p["seconds"] / 60 for p in pts]
+        x0, t0 = OFFSETS.get(stem, (0, 0))
+        xs = [(x0 + p["data_tokens"]) / 1e6 for p in pts]
+        ts = [t0 + p["seconds"] / 60 for p in pts]
         ys = [p["tau"] for p in pts]
         style = dict(marker="o", ms=4, label=label, lw=2.5 if "shipped)" in label else 1.2)
         ax.plot(xs, ys, **style)
