@@ -14,12 +14,12 @@ from dspark.shared.cli import main as dspark_main
 from .conftest import write_tiny_llama
 
 
-def _shard(data_dir, n: int = 6, seed: int = 0) -> None:
+def _shard(data_dir, n: int = 6, seed: int = 0, n_held: int = 1) -> None:
     rnd = random.Random(seed)
     data_dir.mkdir(parents=True)
     with gzip.open(data_dir / "shard-0000.jsonl.gz", "wt", encoding="utf-8") as f:
         for i in range(n):
-            rec = {"id": f"p:{i}", "split": "heldout" if i == 0 else "train",
+            rec = {"id": f"p:{i}", "split": "heldout" if i < n_held else "train",
                    "prompt_ids": [rnd.randrange(3, 97) for _ in range(12)],
                    "output_ids": [rnd.randrange(3, 97) for _ in range(40)]}
             f.write(json.dumps(rec) + "\n")
@@ -92,6 +92,20 @@ def test_take_tokens_is_a_seeded_whole_record_subset():
     assert [r["id"] for r in a] != [r["id"] for r in take_tokens(recs, 100, seed=4)]
     assert take_tokens(recs, 0) == []
     assert len(take_tokens(recs, 10**6)) == 20
+
+
+def test_more_data_folders_add_training_sequences_not_heldout_ones(tiny, tmp_path, capsys):
+    model, data = tiny
+    extra = tmp_path / "sampled"
+    _shard(extra, n=9, seed=1, n_held=3)  # 6 training, 3 held-out sequences
+    out = tmp_path / "stats.json"
+    assert dspark_main(_args(model, data, tmp_path / "a", "--data", str(extra),
+                             "--max-steps", "1", "--json", str(out))) == 0
+    # the first folder's 5 + the second's 6 are trained on; held out: the first's 1
+    assert "11 training / 1 held-out sequences" in capsys.readouterr().err
+    # one folder alone: its own split
+    assert dspark_main(_args(model, data, tmp_path / "b", "--max-steps", "1")) == 0
+    assert "5 training / 1 held-out sequences" in capsys.readouterr().err
 
 
 def test_data_budget_stops_the_run(tiny, tmp_path):

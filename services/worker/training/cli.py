@@ -22,9 +22,12 @@ def main(args) -> int:
     except (RuntimeError, ValueError) as e:
         print(f"train-drafter: --device {args.device}: {e}", file=sys.stderr)
         return 2
-    data = Path(args.data)
-    train_recs = list(read_records(data, "train"))
-    held = list(read_records(data, "heldout"))
+    folders = [Path(d) for d in (args.data or [DEFAULT_DATA])]
+    data = ", ".join(map(str, folders))
+    train_recs = [r for d in folders for r in read_records(d, "train")]
+    # held out: the first folder's split only (the greedy answers), so the
+    # held-out tau of runs with and without extra folders stays comparable
+    held = list(read_records(folders[0], "heldout"))
     if not train_recs and not held:
         print(f"train-drafter: no records in {data} (run `dspark gen-drafter-data`)",
               file=sys.stderr)
@@ -170,10 +173,15 @@ def _drafter_overrides(args) -> dict:
     return out
 
 
+DEFAULT_DATA = "data/selfgen/SmolLM2-135M-Instruct"
+
+
 def add_parser(sub) -> None:
     t = sub.add_parser("train-drafter", help="train the DSpark drafter on self-generated data")
-    t.add_argument("--data", default="data/selfgen/SmolLM2-135M-Instruct",
-                   help="shards written by `dspark gen-drafter-data`")
+    t.add_argument("--data", action="append", default=None,
+                   help=f"shards written by `dspark gen-drafter-data` (default {DEFAULT_DATA}); "
+                        "repeat for more folders: every folder's training split is trained "
+                        "on, the held-out split is the first folder's")
     t.add_argument("--out", default="runs/drafter-SmolLM2-135M-Instruct",
                    help="checkpoint folder (drafter + resumable train state); ship it with "
                         "`dspark export-drafter`")
