@@ -122,7 +122,7 @@ class ModelRunner:
                              f"<= the model's max_position_embeddings ({ctx})")
         self.max_model_len = config.max_model_len or ctx
         self.model: Llama = load_llama(self.model_dir, self.dtype, self.device,
-                                       self.max_model_len)
+                                       self.max_model_len, pack=True)
         # the native short-window attention kernel (None: the PyTorch path)
         self.native_attention = native_attention.resolve(config.attention, self.device,
                                                          self.model.args.head_dim)
@@ -177,7 +177,7 @@ class ModelRunner:
                              f"drafter at {directory}, which reads layers {list(taps)}")
         self.tap_layers = validate_tap_layers(taps, a.num_layers)
         self.drafter = dr.bind_llama(self.model)
-        self.drafter.pack_for_inference()  # bf16 CPU: oneDNN-packed like the target
+        self.drafter.pack_for_inference()  # CPU: oneDNN-packed like the target
         h = hashlib.sha256((Path(directory) / "drafter_config.json").read_bytes())
         h.update(str((Path(directory) / "drafter.safetensors").stat().st_size).encode())
         self.drafter_id = f"{Path(directory).name}@{h.hexdigest()[:12]}"

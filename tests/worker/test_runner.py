@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from dspark.shared.config import WorkerConfig
 from dspark.shared.types import SeqStep, StepPlan
@@ -303,6 +304,38 @@ def test_bfloat16_close_to_float32(tiny_model_dir):
     assert logits["bfloat16"].dtype == torch.bfloat16
     torch.testing.assert_close(logits["bfloat16"].float(), logits["float32"], atol=0.25,
                                rtol=0.05)
+
+
+def test_float32_runner_packs_weights_and_matches_plain_weights(tiny_model_dir, monkeypatch):
+    """A CPU float32 worker serves with oneDNN-packed weights (faster than F.linear
+    at every step size); its logits equal the plain-weight model's to rounding and
+    it samples the same tokens. Training loads (pack=False) keep plain weights."""
+    from dspark.worker.model import llama
+
+    packed = ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype="float32",
+                                      block_size=BS, num_kv_blocks=8, tap_layer_ids=()))
+    if not llama.use_packed_linear(packed.model.embed):
+        pytest.skip("no oneDNN fp32 packed linear on this CPU: serving uses F.linear")
+    assert packed.model.linear is llama.packed_linear and packed.model.lm_head.is_mkldnn
+    assert packed.model.wide_layers is None  # the fp32 prefill copy is for bf16 only
+    train = llama.load_llama(tiny_model_dir, torch.float32, torch.device("cpu"), max_len=64)
+    assert train.linear is F.linear and not train.lm_head.is_mkldnn
+    monkeypatch.setattr(llama, "use_packed_linear", lambda like: False)
+    plain = ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype="float32",
+                                     block_size=BS, num_kv_blocks=8, tap_layer_ids=()))
+    assert plain.model.linear is F.linear
+    logits, outs = {}, {}
+    toks = _tokens(3, 20)
+    for name, r in (("packed", packed), ("plain", plain)):
+        orig = r.model.forward
+        r.model.forward = lambda *a, _o=orig, _n=name, **k: logits.__setitem__(
+            _n, _o(*a, **k)) or logits[_n]
+        r.step(StepPlan(0, [SeqStep("q", toks[:12], 0, [0, 1, 2], sample=False)]))
+        outs[name] = r.step(StepPlan(1, [SeqStep("q", toks[12:], 12, [0, 1, 2],
+                                                 sample=True)])).outputs[0]
+    torch.testing.assert_close(logits["packed"], logits["plain"], atol=1e-4, rtol=1e-4)
+    assert outs["packed"].token_id == outs["plain"].token_id
+    assert abs(outs["packed"].logprob - outs["plain"].logprob) < 1e-4
 
 
 @pytest.mark.parametrize("wide", [False, True])

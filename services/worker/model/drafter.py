@@ -205,8 +205,8 @@ class DraftLayer(torch.nn.Module):
 
     @torch.no_grad()
     def pack(self) -> None:
-        """Inference only: oneDNN-packed bf16 weights (several times faster than plain
-        bf16 F.linear on CPUs without AMX). Training never calls this."""
+        """Inference only: oneDNN-packed weights (bf16: several times faster than plain
+        bf16 F.linear on CPUs without AMX; fp32: ~1.3x). Training never calls this."""
         from .llama import pack_weight
 
         self._packed = {n: pack_weight((self.wqkv[self.q_dim:] if n == "wkv"
@@ -374,18 +374,16 @@ class DSparkDrafter(torch.nn.Module):
         """Bind a loaded ``Llama``'s embedding and (possibly oneDNN-packed) LM head."""
         if self.draft_vocab is None or llama.linear is F.linear:
             return self.bind_target(llama.embed, llama.lm_head, llama.linear)
-        # packed bf16 CPU head: take the draft rows of the plain (tied) matrix, repack
+        # packed CPU head: take the draft rows of the plain matrix, repack
         from .llama import pack_weight
-        if not llama.args.tie_word_embeddings:
-            raise ValueError("a pruned draft vocabulary over a packed, untied LM head "
-                             "is not supported: load the target in float32")
-        rows = llama.embed[self.draft_vocab.to(llama.embed.device)].contiguous()
+        plain = llama.lm_head_plain
+        rows = plain[self.draft_vocab.to(plain.device)].contiguous()
         return self.bind_target(llama.embed, pack_weight(rows), llama.linear)
 
     @torch.no_grad()
     def pack_for_inference(self) -> bool:
-        """bf16 on a CPU with oneDNN: pack every drafting weight (layers, fusion, Markov
-        W2) like the target's. Returns whether it did; training never calls this."""
+        """bf16 or fp32 on a CPU with oneDNN: pack every drafting weight (layers,
+        fusion, Markov W2) like the target's. Returns whether it did; training never calls this."""
         from .llama import pack_weight, use_packed_linear
 
         if not use_packed_linear(self.fc):

@@ -103,15 +103,19 @@ def packed_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def use_packed_linear(like: torch.Tensor) -> bool:
-    """bf16 on CPU with oneDNN, and the packed kernel agrees with F.linear."""
-    if like.device.type != "cpu" or like.dtype != torch.bfloat16 or \
+    """CPU with oneDNN, bf16 or fp32, and the packed kernel agrees with F.linear
+    (bf16: bit for bit; fp32: to rounding, the summation order differs)."""
+    if like.device.type != "cpu" or like.dtype not in (torch.bfloat16, torch.float32) or \
             not torch.backends.mkldnn.is_available():
         return False
     try:
         g = torch.Generator().manual_seed(0)
-        w = torch.randn(24, 16, generator=g).to(torch.bfloat16)
-        x = torch.randn(3, 16, generator=g).to(torch.bfloat16)
-        return bool(torch.equal(packed_linear(x, pack_weight(w)), F.linear(x, w)))
+        w = torch.randn(24, 16, generator=g).to(like.dtype)
+        x = torch.randn(3, 16, generator=g).to(like.dtype)
+        got, want = packed_linear(x, pack_weight(w)), F.linear(x, w)
+        if like.dtype == torch.bfloat16:
+            return bool(torch.equal(got, want))
+        return bool(torch.allclose(got, want, rtol=1e-5, atol=1e-5))
     except (RuntimeError, AttributeError):
         return False
 
@@ -150,13 +154,17 @@ def wide_gemm_faster_in_fp32(w: torch.Tensor, rows: int = 256) -> bool:
 class Llama(torch.nn.Module):
     """Weights + a functional forward. Fused: wqkv [(H+2KV)*hd, d], w13 [2I, d]."""
 
-    def __init__(self, args: LlamaArgs, weights: dict[str, torch.Tensor], max_len: int):
+    def __init__(self, args: LlamaArgs, weights: dict[str, torch.Tensor], max_len: int,
+                 pack: bool = False):
         super().__init__()
         self.args = args
         a = args
         self.q_dim, self.kv_dim = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         self.embed = weights["embed"]  # [V, d]
-        self.lm_head = weights.get("lm_head", self.embed)  # [V, d]
+        self.lm_head = weights.get("lm_head", self.embed)  # [V, d]; packed when serving
+        # the plain [V, d] head (the embedding when tied), for row subsets such as a
+        # drafter's pruned vocabulary; untied and packed, it is kept as a second copy
+        self.lm_head_plain = self.lm_head
         self.norm = weights["norm"]  # [d]
         self.layers = [{k: weights[f"{i}.{k}"] for k in ("ln1", "wqkv", "wo", "ln2", "w13", "w2")}
                        for i in range(a.num_layers)]
@@ -164,13 +172,18 @@ class Llama(torch.nn.Module):
         # Layers used for steps of >= FP32_ROWS rows (prefill chunks), with
         # their linear; None = the same as for decode.
         self.wide_layers: list[dict] | None = None
-        if use_packed_linear(self.embed):
-            if wide_gemm_faster_in_fp32(self.layers[0]["w13"]):
+        # pack (serving only: packed weights have no autograd and no plain layout,
+        # which training reads): oneDNN's blocked weight layout. On CPU it is
+        # faster than F.linear on a plain [out, in] matrix for every row count a
+        # step has: bf16 GEMV 1.5-3.5x with bit-identical results; fp32 (AVX2,
+        # no bf16) 1.35x for 1 row, 1.3x for 8, 1.1-1.25x for 32-256, and the
+        # 49152-row LM head 2x at every row count.
+        if pack and use_packed_linear(self.embed):
+            if self.embed.dtype == torch.bfloat16 and \
+                    wide_gemm_faster_in_fp32(self.layers[0]["w13"]):
                 # Keep the plain bf16 matrices (+1x the layer weights in memory)
                 # for prefill chunks, computed in fp32; decode uses the packed ones.
                 self.wide_layers = [dict(w) for w in self.layers]
-            # oneDNN's blocked weight layout: bf16 GEMV is 1.5-3.5x faster on CPU than
-            # F.linear on a plain [out, in] matrix, with bit-identical results.
             self.linear = packed_linear
             for w in self.layers:
                 for k in ("wqkv", "wo", "w13", "w2"):
@@ -234,7 +247,7 @@ class Llama(torch.nn.Module):
 
 
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device,
-               max_len: int) -> Llama:
+               max_len: int, pack: bool = False) -> Llama:
     """Load an HF-format Llama checkpoint (config.json + *.safetensors, sharded or not)."""
     from safetensors import safe_open
 
@@ -276,4 +289,4 @@ def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device,
                                    take(p + "mlp.up_proj.weight")])
         w[f"{i}.w2"] = take(p + "mlp.down_proj.weight")
     w = {k: v.to(device).contiguous() for k, v in w.items()}
-    return Llama(args, w, max_len)
+    return Llama(args, w, max_len, pack=pack)
