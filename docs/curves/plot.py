@@ -20,7 +20,7 @@ OFFSETS = {"s12-d3": (1.05e6 + 216_318, 106 + 95),
            "s13-t1": (1.05e6 + 216_318 + 590_000, 106 + 95 + 80)}
 # file stem -> legend label (the card's names for the runs)
 RUNS = {
-    "s13-t1": "s13: warm from s12, + the first T = 1 answers (candidate, not shipped)",
+    "s13-t1": "s13: warm from s12 + the first T = 1 answers (a candidate, kept back)",
     "s12-d3": "s12: warm from s10 + a 2nd pass, 2x the answers (shipped; new held-out set)",
     "s10-mix": "s10: from scratch, answers + prompts' text",
     "d2": "d2: warm start, 45% stdlib code (shipped before)",
