@@ -98,9 +98,8 @@ def test_more_data_folders_add_training_sequences_not_heldout_ones(tiny, tmp_pat
     model, data = tiny
     extra = tmp_path / "sampled"
     _shard(extra, n=9, seed=1, n_held=3)  # 6 training, 3 held-out sequences
-    out = tmp_path / "stats.json"
     assert dspark_main(_args(model, data, tmp_path / "a", "--data", str(extra),
-                             "--max-steps", "1", "--json", str(out))) == 0
+                             "--max-steps", "1")) == 0
     # the first folder's 5 + the second's 6 are trained on; held out: the first's 1
     assert "11 training / 1 held-out sequences" in capsys.readouterr().err
     # one folder alone: its own split

@@ -185,14 +185,9 @@ class Llama(torch.nn.Module):
                 # for prefill chunks, computed in fp32; decode uses the packed ones.
                 self.wide_layers = [dict(w) for w in self.layers]
             self.linear = packed_linear
-            for i, w in enumerate(self.layers):
+            for w in self.layers:
                 for k in ("wqkv", "wo", "w13", "w2"):
                     w[k] = pack_weight(w[k])
-                    if self.wide_layers is None:
-                        # drop the caller's reference too: each plain matrix is freed
-                        # as soon as its packed copy exists, so the next packing reuses
-                        # its memory (else the worker's RSS keeps ~0.5 GiB of holes)
-                        weights[f"{i}.{k}"] = w[k]
             self.lm_head = pack_weight(self.lm_head)  # a packed copy when tied
         # RoPE tables in float32 like HF, cast to the model dtype: [max_len, hd]
         pos = torch.arange(max_len, dtype=torch.float32)
@@ -268,9 +263,9 @@ def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device,
                 if name.endswith("rotary_emb.inv_freq"):
                     continue
                 # cast one tensor at a time: peak memory stays ~ final size. To be
-                # packed, a tensor already in the dtype is copied: get_tensor's
-                # tensors share one buffer, which stays resident as long as any of
-                # them lives (the plain wo/w2 matrices: +140 MiB in fp32)
+                # packed, a tensor already in the dtype is copied: memory of tensors
+                # straight from get_tensor was not given back when packing dropped
+                # them (measured: the plain wo/w2 stayed resident, +140 MiB in fp32)
                 t = sf.get_tensor(name)
                 raw[name] = t.clone() if pack and t.dtype == dtype else t.to(dtype=dtype)
 
