@@ -17,11 +17,13 @@ HERE = Path(__file__).parent
 # warm-started runs start where their weights' training left off: (labelled
 # tokens, minutes) before their first point
 OFFSETS = {"s12-d3": (1.05e6 + 216_318, 106 + 95),
-           "s13-t1": (1.05e6 + 216_318 + 590_000, 106 + 95 + 80)}
+           "s13-t1": (1.05e6 + 216_318 + 590_000, 106 + 95 + 80),
+           "s14-t1": (1.05e6 + 216_318 + 590_000 + 268_302, 106 + 95 + 80 + 34)}
 # file stem -> legend label (the card's names for the runs)
 RUNS = {
-    "s13-t1": "s13: warm from s12 + the first T = 1 answers (a candidate, kept back)",
-    "s12-d3": "s12: warm from s10 + a 2nd pass, 2x the answers (shipped; new held-out set)",
+    "s14-t1": "s14: warm from s13, half the draws T = 1 answers (shipped)",
+    "s13-t1": "s13: warm from s12 + the first T = 1 answers (a candidate)",
+    "s12-d3": "s12: warm from s10 + a 2nd pass, 2x the answers (new held-out set)",
     "s10-mix": "s10: from scratch, answers + prompts' text",
     "d2": "d2: warm start, 45% stdlib code (shipped before)",
     "s9-src-selfgen": "s9 arm: answers only",
