@@ -105,6 +105,10 @@ def test_more_data_folders_add_training_sequences_not_heldout_ones(tiny, tmp_pat
     # one folder alone: its own split
     assert dspark_main(_args(model, data, tmp_path / "b", "--max-steps", "1")) == 0
     assert "5 training / 1 held-out sequences" in capsys.readouterr().err
+    # a folder named twice weighs twice: its training sequences are drawn from twice
+    assert dspark_main(_args(model, data, tmp_path / "c", "--data", str(extra), "--data",
+                             str(extra), "--max-steps", "1")) == 0
+    assert "17 training / 1 held-out sequences" in capsys.readouterr().err
 
 
 def test_data_budget_stops_the_run(tiny, tmp_path):

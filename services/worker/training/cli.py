@@ -181,7 +181,8 @@ def add_parser(sub) -> None:
     t.add_argument("--data", action="append", default=None,
                    help=f"shards written by `dspark gen-drafter-data` (default {DEFAULT_DATA}); "
                         "repeat for more folders: every folder's training split is trained "
-                        "on, the held-out split is the first folder's")
+                        "on, the held-out split is the first folder's; a folder named twice "
+                        "is drawn twice as often")
     t.add_argument("--out", default="runs/drafter-SmolLM2-135M-Instruct",
                    help="checkpoint folder (drafter + resumable train state); ship it with "
                         "`dspark export-drafter`")
