@@ -11,8 +11,9 @@ GEN := gen/dspark/v1/.stamp
 
 setup: $(STAMP) $(GEN) model native
 
-# The native attention kernel (CPU): compiled once per machine into the cache;
-# without a compiler the workers use the PyTorch path (a warning, not an error).
+# The native CPU kernels (attention, fp32 linear): compiled once per machine into
+# the cache; without a compiler the workers use the PyTorch path and oneDNN (a
+# warning, not an error).
 native: $(STAMP) $(GEN)
 	$(VPY) -m dspark.worker.model.native_attention
 

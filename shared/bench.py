@@ -150,7 +150,8 @@ def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
     try:
         for i, (name, k, verify) in enumerate(variants):
             port = args.port + 20 * i
-            wargs = ["--dtype", args.dtype, "--attention", args.attention] + _spec_flag(k, verify)
+            wargs = ["--dtype", args.dtype, "--attention", args.attention,
+                     "--linear", args.linear] + _spec_flag(k, verify)
             if k and args.drafter:
                 wargs += ["--drafter", args.drafter]
             async_ = colocated_async_default("cpu")  # what `dspark serve` runs
@@ -339,8 +340,16 @@ def main(args) -> int:
         from dspark.worker.model import native_attention
 
         args.attention = "native" if native_attention.load(build=True) is not None else "torch"
+    if args.linear == "auto":
+        import torch
+
+        from dspark.worker.model import native_linear
+
+        args.linear = "native" if native_linear.resolve(
+            "auto", torch.device("cpu"), getattr(torch, dtype)) is not None else "torch"
     log_dir = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
-    print(f"bench: {dtype}, {args.attention} attention, {args.max_tokens} new tokens per "
+    print(f"bench: {dtype}, {args.attention} attention, {args.linear} linear, "
+          f"{args.max_tokens} new tokens per "
           f"request, logs in {log_dir}", file=sys.stderr)
     hf = HFBaseline(Path(model_dir or default_model_dir()), dtype)
     services = bench_services(prompts, args, log_dir, hf)
@@ -349,7 +358,8 @@ def main(args) -> int:
     k0, k7, k7c = services["k0"], services.get("k7"), services.get("k7c")
     frac = hf.weight_bytes * k0["batch1_tokens_per_s"] / (bw * 1e9)
     result = {
-        "dtype": dtype, "attention": args.attention, "max_tokens": args.max_tokens,
+        "dtype": dtype, "attention": args.attention, "linear": args.linear,
+        "max_tokens": args.max_tokens,
         "k0": k0,
         "transformers": {"batch1_tokens_per_s": hf_rate},
         "speedup_vs_transformers_batch1": k0["batch1_tokens_per_s"] / hf_rate,

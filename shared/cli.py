@@ -298,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="concurrency rounds per deployment, alternating between them")
     b.add_argument("--attention", default="auto", choices=("auto", "native", "torch"),
                    help="the workers' short-window attention (default: native where built)")
+    b.add_argument("--linear", default="auto", choices=("auto", "native", "torch"),
+                   help="the workers' fp32 linear layers (default: native where built)")
     b.add_argument("--memory-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also run 32 concurrent ~2k-token requests and report peak RSS")
     b.set_defaults(fn=cmd_bench)

@@ -208,6 +208,11 @@ class WorkerConfig(ServerOpsConfig):
     # (built by `make setup`, see worker/model/native_attention.py) when it is
     # available, else PyTorch; "native" = the kernel or a start-up error; "torch"
     attention: str = "auto"
+    # linear layers of an fp32 model on CPU: "auto" = the native kernel (built
+    # by `make setup`, see worker/model/native_linear.py) when it is available,
+    # else oneDNN's packed weights; "native" = the kernel or a start-up error;
+    # "torch" = oneDNN (F.linear where oneDNN is missing). bf16 always uses oneDNN.
+    linear: str = "auto"
     # "auto": K = 7 with the shipped drafter when serving the default model and it
     # is present (verify: AUTO_VERIFY_POLICY), else no speculation; or JSON
     # {"method": "dspark", "num_speculative_tokens": K[, "verify": "fixed" |
@@ -239,6 +244,8 @@ class WorkerConfig(ServerOpsConfig):
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
         _check(self.num_threads >= 0, "num_threads", self.num_threads, ">= 0")
         _check(self.attention in ("auto", "native", "torch"), "attention", self.attention,
+               "one of auto, native, torch")
+        _check(self.linear in ("auto", "native", "torch"), "linear", self.linear,
                "one of auto, native, torch")
         self.tap_layer_ids = tuple(int(x) for x in self.tap_layer_ids)
         super().__post_init__()  # metrics, drain, TLS

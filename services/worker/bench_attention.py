@@ -1,6 +1,9 @@
-"""Native vs PyTorch short-window attention, side by side in one process.
+"""A native kernel against the path it replaces, side by side in one process:
+short-window attention (native vs PyTorch) or, with ``--kernel linear``, the
+fp32 linear layers (native vs oneDNN's packed weights).
 
-    python -m dspark.worker.bench_attention [--conc 1 8 32] [--k 0 7] [--rounds 2]
+    python -m dspark.worker.bench_attention [--kernel attention|linear]
+                                            [--conc 1 8 32] [--k 0 7] [--rounds 2]
 
 The runner and the scheduler core in process (no gRPC: the step rate itself),
 on eval prompts, greedy, default dtype. For every concurrency and K, the two
@@ -21,6 +24,7 @@ from dspark.shared.types import SamplingParams
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", choices=("attention", "linear"), default="attention")
     ap.add_argument("--conc", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--k", type=int, nargs="+", default=[0, 7])
     ap.add_argument("--rounds", type=int, default=2)
@@ -45,11 +49,13 @@ def main() -> None:
     for att in ("native", "torch"):
         for k in args.k:
             runners[att, k] = ModelRunner(WorkerConfig(
-                model=str(d), dtype=args.dtype, num_kv_blocks=2048, attention=att,
+                model=str(d), dtype=args.dtype, num_kv_blocks=2048,
+                **{args.kernel: att},
                 speculative_config=json.dumps({"method": "dspark",
                                                "num_speculative_tokens": k})))
-            if att == "native" and runners[att, k].native_attention is None:
-                raise SystemExit("native attention is unavailable here (see make setup)")
+            kernel = getattr(runners[att, k], f"native_{args.kernel}")
+            if att == "native" and kernel is None:
+                raise SystemExit(f"native {args.kernel} is unavailable here (see make setup)")
     print(f"{'tokens/s':14}{'native':>9}{'torch':>9}{'ratio':>8}")
     for conc in args.conc:
         for k in args.k:

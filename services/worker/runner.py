@@ -20,7 +20,7 @@ from dspark.shared.config import WorkerConfig
 from dspark.shared.types import SeqOutput, SeqStep, StepOutput, StepPlan, WorkerInfo
 
 from dspark.shared.verify_fill import fill_verify_budget
-from .model import native_attention
+from .model import native_attention, native_linear
 from .model.kv_cache import PagedKVCache, build_metadata
 from .model.llama import Llama, load_llama
 from .sampler import RowParams, sample
@@ -121,8 +121,11 @@ class ModelRunner:
             raise ValueError(f"max_model_len={config.max_model_len} is invalid: must be "
                              f"<= the model's max_position_embeddings ({ctx})")
         self.max_model_len = config.max_model_len or ctx
+        # the native fp32 linear (None: oneDNN's packed weights, or F.linear)
+        self.native_linear = native_linear.resolve(config.linear, self.device, self.dtype)
         self.model: Llama = load_llama(self.model_dir, self.dtype, self.device,
-                                       self.max_model_len, pack=True)
+                                       self.max_model_len, pack=True,
+                                       rows_linear=self.native_linear)
         # the native short-window attention kernel (None: the PyTorch path)
         self.native_attention = native_attention.resolve(config.attention, self.device,
                                                          self.model.args.head_dim)
@@ -177,7 +180,7 @@ class ModelRunner:
                              f"drafter at {directory}, which reads layers {list(taps)}")
         self.tap_layers = validate_tap_layers(taps, a.num_layers)
         self.drafter = dr.bind_llama(self.model)
-        self.drafter.pack_for_inference()  # CPU: oneDNN-packed like the target
+        self.drafter.pack_for_inference()  # CPU: packed like the target
         h = hashlib.sha256((Path(directory) / "drafter_config.json").read_bytes())
         h.update(str((Path(directory) / "drafter.safetensors").stat().st_size).encode())
         self.drafter_id = f"{Path(directory).name}@{h.hexdigest()[:12]}"

@@ -307,13 +307,14 @@ def test_bfloat16_close_to_float32(tiny_model_dir):
 
 
 def test_float32_runner_packs_weights_and_matches_plain_weights(tiny_model_dir, monkeypatch):
-    """A CPU float32 worker serves with oneDNN-packed weights (faster than F.linear
-    at every step size); its logits equal the plain-weight model's to rounding and
+    """A CPU float32 worker with ``--linear torch`` serves with oneDNN-packed weights
+    (faster than F.linear at every step size); its logits equal the plain-weight model's to rounding and
     it samples the same tokens. Training loads (pack=False) keep plain weights."""
     from dspark.worker.model import llama
 
     packed = ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype="float32",
-                                      block_size=BS, num_kv_blocks=8, tap_layer_ids=()))
+                                      block_size=BS, num_kv_blocks=8, tap_layer_ids=(),
+                                      linear="torch"))
     if not llama.use_packed_linear(packed.model.embed):
         pytest.skip("no oneDNN fp32 packed linear on this CPU: serving uses F.linear")
     assert packed.model.linear is llama.packed_linear and packed.model.lm_head.is_mkldnn
@@ -322,7 +323,8 @@ def test_float32_runner_packs_weights_and_matches_plain_weights(tiny_model_dir, 
     assert train.linear is F.linear and not train.lm_head.is_mkldnn
     monkeypatch.setattr(llama, "use_packed_linear", lambda like: False)
     plain = ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype="float32",
-                                     block_size=BS, num_kv_blocks=8, tap_layer_ids=()))
+                                     block_size=BS, num_kv_blocks=8, tap_layer_ids=(),
+                                     linear="torch"))
     assert plain.model.linear is F.linear
     logits, outs = {}, {}
     toks = _tokens(3, 20)

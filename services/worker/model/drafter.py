@@ -156,6 +156,11 @@ class DraftOutput(NamedTuple):
     confidences: torch.Tensor           # [B, K] float32 c_k = sigmoid(z_k)
 
 
+def packed_rows(linear: Callable, x: torch.Tensor, w) -> torch.Tensor:
+    """``linear(x, w)`` for a packed weight, x [..., d] of any rank."""
+    return linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], -1)
+
+
 def pad_context(rows: list[torch.Tensor], positions: list[torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-request ``[n_i, m*d]`` rows / ``[n_i]`` positions -> left-aligned padded batch."""
@@ -191,26 +196,24 @@ class DraftLayer(torch.nn.Module):
         self.ln2 = torch.nn.Parameter(torch.ones(d))
         self.w13 = torch.nn.Parameter(torch.randn(2 * c.intermediate_size, d) * std)
         self.w2 = torch.nn.Parameter(torch.randn(d, c.intermediate_size) * std)
-        self._packed: dict[str, torch.Tensor] | None = None  # serving: oneDNN-packed copies
+        self._packed: dict[str, object] | None = None  # serving: packed copies
+        self._packed_linear: Callable | None = None
 
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ W.T for W in wqkv / wkv (the K/V rows of wqkv) / wo / w13 / w2."""
         if self._packed is not None:
-            from .llama import packed_linear
-
-            return packed_linear(x.reshape(-1, x.shape[-1]), self._packed[name]) \
-                .view(*x.shape[:-1], -1)
+            return packed_rows(self._packed_linear, x, self._packed[name])
         w = self.wqkv[self.q_dim:] if name == "wkv" else getattr(self, name)
         return F.linear(x, w)
 
     @torch.no_grad()
-    def pack(self) -> None:
-        """Inference only: oneDNN-packed weights (bf16: several times faster than plain
-        bf16 F.linear on CPUs without AMX; fp32: ~1.3x). Training never calls this."""
-        from .llama import pack_weight
-
-        self._packed = {n: pack_weight((self.wqkv[self.q_dim:] if n == "wkv"
-                                        else getattr(self, n)).contiguous())
+    def pack(self, packing: tuple[Callable, Callable]) -> None:
+        """Inference only: weights in a serving layout, ``packing`` = (pack, linear)
+        (oneDNN: bf16 several times faster than plain bf16 F.linear on CPUs without
+        AMX, fp32 ~1.3x; or the native fp32 kernel). Training never calls this."""
+        pack_fn, self._packed_linear = packing
+        self._packed = {n: pack_fn((self.wqkv[self.q_dim:] if n == "wkv"
+                                    else getattr(self, n)).contiguous())
                         for n in ("wqkv", "wkv", "wo", "w13", "w2")}
 
     def ctx_kv(self, ctx: torch.Tensor, rope_ctx) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,6 +320,7 @@ class DSparkDrafter(torch.nn.Module):
         self._embed: torch.Tensor | None = None
         self._lm_head: torch.Tensor | None = None
         self._linear: Callable = F.linear
+        self._target_packing: tuple[Callable, Callable] | None = None  # bind_llama
 
     # ---- draft vocabulary --------------------------------------------------------------
     @property
@@ -371,27 +375,33 @@ class DSparkDrafter(torch.nn.Module):
         return self
 
     def bind_llama(self, llama) -> DSparkDrafter:
-        """Bind a loaded ``Llama``'s embedding and (possibly oneDNN-packed) LM head."""
-        if self.draft_vocab is None or llama.linear is F.linear:
+        """Bind a loaded ``Llama``'s embedding and (possibly packed) LM head."""
+        self._target_packing = llama.packing
+        if self.draft_vocab is None or llama.packing is None:
             return self.bind_target(llama.embed, llama.lm_head, llama.linear)
         # packed CPU head: take the draft rows of the plain matrix, repack
-        from .llama import pack_weight
         plain = llama.lm_head_plain
         rows = plain[self.draft_vocab.to(plain.device)].contiguous()
-        return self.bind_target(llama.embed, pack_weight(rows), llama.linear)
+        return self.bind_target(llama.embed, llama.packing[0](rows), llama.linear)
 
     @torch.no_grad()
-    def pack_for_inference(self) -> bool:
-        """bf16 or fp32 on a CPU with oneDNN: pack every drafting weight (layers,
-        fusion, Markov W2) like the target's. Returns whether it did; training never calls this."""
-        from .llama import pack_weight, use_packed_linear
+    def pack_for_inference(self, packing: tuple[Callable, Callable] | None = None) -> bool:
+        """Pack every drafting weight (layers, fusion, Markov W2) in a serving layout:
+        ``packing`` = (pack, linear), by default the bound target's (``bind_llama``),
+        else oneDNN's on a CPU that has it (bf16 or fp32). Returns whether it did;
+        training never calls this."""
+        from .llama import pack_weight, packed_linear, use_packed_linear
 
-        if not use_packed_linear(self.fc):
-            return False
+        packing = packing or self._target_packing
+        if packing is None:
+            if not use_packed_linear(self.fc):
+                return False
+            packing = (pack_weight, packed_linear)
+        pack_fn, self._packed_linear = packing
         for layer in self.layers:
-            layer.pack()
-        self._packed_fc = pack_weight(self.fc.contiguous())
-        self._packed_w2 = pack_weight(self.markov_w2.contiguous()) \
+            layer.pack(packing)
+        self._packed_fc = pack_fn(self.fc.contiguous())
+        self._packed_w2 = pack_fn(self.markov_w2.contiguous()) \
             if self.config.markov_rank else None
         return True
 
@@ -399,9 +409,7 @@ class DSparkDrafter(torch.nn.Module):
         pk = getattr(self, packed_name, None)
         if pk is None:
             return F.linear(x, w)
-        from .llama import packed_linear
-
-        return packed_linear(x.reshape(-1, x.shape[-1]), pk).view(*x.shape[:-1], -1)
+        return packed_rows(self._packed_linear, x, pk)
 
     @torch.no_grad()
     def init_from_target(self, llama, layer_ids: tuple[int, ...] | None = None) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,7 +156,7 @@ class Llama(torch.nn.Module):
     """Weights + a functional forward. Fused: wqkv [(H+2KV)*hd, d], w13 [2I, d]."""
 
     def __init__(self, args: LlamaArgs, weights: dict[str, torch.Tensor], max_len: int,
-                 pack: bool = False):
+                 pack: bool = False, rows_linear=None):
         super().__init__()
         self.args = args
         a = args
@@ -169,26 +170,36 @@ class Llama(torch.nn.Module):
         self.layers = [{k: weights[f"{i}.{k}"] for k in ("ln1", "wqkv", "wo", "ln2", "w13", "w2")}
                        for i in range(a.num_layers)]
         self.linear = F.linear
+        # (pack, linear) of the serving layout, for other weights that use this
+        # model's linear (a drafter's head rows and layers); None = plain F.linear
+        self.packing: tuple[Callable, Callable] | None = None
         # Layers used for steps of >= FP32_ROWS rows (prefill chunks), with
         # their linear; None = the same as for decode.
         self.wide_layers: list[dict] | None = None
         # pack (serving only: packed weights have no autograd and no plain layout,
-        # which training reads): oneDNN's blocked weight layout. On CPU it is
-        # faster than F.linear on a plain [out, in] matrix for every row count a
-        # step has: bf16 GEMV 1.5-3.5x with bit-identical results; fp32 (AVX2,
-        # no bf16) 1.35x for 1 row, 1.3x for 8, 1.1-1.25x for 32-256, and the
-        # 49152-row LM head 2x at every row count.
-        if pack and use_packed_linear(self.embed):
+        # which training reads). fp32 on CPU with the native kernels built: their
+        # layout (native_linear: 1.5x oneDNN for 1 row, 1.9x for 8, 1.6x for 64,
+        # 1.3x for 256; a row's result independent of the batch). Otherwise
+        # oneDNN's blocked layout, faster than F.linear on a plain [out, in]
+        # matrix for every row count a step has: bf16 GEMV 1.5-3.5x with
+        # bit-identical results; fp32 (AVX2, no bf16) 1.35x for 1 row, 1.3x for
+        # 8, 1.1-1.25x for 32-256, and the 49152-row LM head 2x at every row count.
+        if pack and rows_linear is not None and self.embed.dtype == torch.float32 and \
+                self.embed.device.type == "cpu":
+            self.packing = (rows_linear.pack, rows_linear)
+        elif pack and use_packed_linear(self.embed):
+            self.packing = (pack_weight, packed_linear)
             if self.embed.dtype == torch.bfloat16 and \
                     wide_gemm_faster_in_fp32(self.layers[0]["w13"]):
                 # Keep the plain bf16 matrices (+1x the layer weights in memory)
                 # for prefill chunks, computed in fp32; decode uses the packed ones.
                 self.wide_layers = [dict(w) for w in self.layers]
-            self.linear = packed_linear
+        if self.packing is not None:
+            pack_fn, self.linear = self.packing
             for w in self.layers:
                 for k in ("wqkv", "wo", "w13", "w2"):
-                    w[k] = pack_weight(w[k])
-            self.lm_head = pack_weight(self.lm_head)  # a packed copy when tied
+                    w[k] = pack_fn(w[k])
+            self.lm_head = pack_fn(self.lm_head)  # a packed copy when tied
         # RoPE tables in float32 like HF, cast to the model dtype: [max_len, hd]
         pos = torch.arange(max_len, dtype=torch.float32)
         freqs = torch.outer(pos, rope_inv_freq(a))  # [max_len, hd/2]
@@ -247,8 +258,11 @@ class Llama(torch.nn.Module):
 
 
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device,
-               max_len: int, pack: bool = False) -> Llama:
-    """Load an HF-format Llama checkpoint (config.json + *.safetensors, sharded or not)."""
+               max_len: int, pack: bool = False, rows_linear=None) -> Llama:
+    """Load an HF-format Llama checkpoint (config.json + *.safetensors, sharded or not).
+
+    pack: serving layout for the linears (``Llama``); rows_linear: the native
+    fp32 linear (``native_linear.resolve``) to pack for, or None for oneDNN."""
     from safetensors import safe_open
 
     model_dir = Path(model_dir)
@@ -293,4 +307,4 @@ def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device,
                                    take(p + "mlp.up_proj.weight")])
         w[f"{i}.w2"] = take(p + "mlp.down_proj.weight")
     w = {k: v.to(device).contiguous() for k, v in w.items()}
-    return Llama(args, w, max_len, pack=pack)
+    return Llama(args, w, max_len, pack=pack, rows_linear=rows_linear)

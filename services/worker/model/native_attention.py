@@ -1,17 +1,23 @@
-"""The native paged attention kernel for short query windows (CPU).
+"""The native CPU kernels: their build, and the paged attention kernel for short
+query windows.
 
-``native/paged_attention.cpp`` attends every decode row and verify window of a
-step in one call per layer, reading keys and values from the paged pool in place
-(the PyTorch path copies them into a padded batch, or calls SDPA once per
-sequence). It is compiled with the machine's C++ compiler (torch's
-``cpp_extension``, ``-O3 -march=native``, OpenMP) into the cache directory,
-keyed by the source, torch's version and this CPU's instruction set, so a cache
-shared between machines never loads a binary built for another CPU.
+One extension holds both kernels, compiled from ``native/`` with the machine's
+C++ compiler (torch's ``cpp_extension``, ``-O3 -march=native``, OpenMP) into the
+cache directory, keyed by the sources, torch's version and this CPU's
+instruction set, so a cache shared between machines never loads a binary built
+for another CPU:
+
+- ``native/paged_attention.cpp`` attends every decode row and verify window of
+  a step in one call per layer, reading keys and values from the paged pool in
+  place (the PyTorch path copies them into a padded batch, or calls SDPA once
+  per sequence);
+- ``native/linear_rows.cpp`` is the fp32 linear layer for the row counts of
+  decode and verify steps (``native_linear``).
 
 ``make setup`` builds it (``python -m dspark.worker.model.native_attention``);
-a worker with ``--attention auto`` uses it when it is built, and the PyTorch
-path otherwise (not built, a machine without a compiler, another device);
-``--attention native`` builds it if needed.
+a worker with ``--attention auto`` (``--linear auto``) uses a kernel when it is
+built, and the PyTorch path otherwise (not built, a machine without a compiler,
+another device); ``native`` builds it if needed.
 """
 from __future__ import annotations
 
@@ -25,8 +31,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).resolve().parent / "native" / "paged_attention.cpp"
-NAME = "dspark_paged_attention"
+_DIR = Path(__file__).resolve().parent / "native"
+SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "linear_rows.cpp"))
+NAME = "dspark_native"
 BACKENDS = ("auto", "native", "torch")
 
 log = logging.getLogger(__name__)
@@ -50,7 +57,7 @@ def _cpu_key() -> str:
 def build_dir() -> Path:
     from dspark.shared.config import cache_dir
 
-    src = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    src = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES)).hexdigest()[:12]
     tv = torch.__version__.replace("+", "_")
     return cache_dir() / "native" / f"{NAME}-{src}-torch{tv}-cpu{_cpu_key()}"
 
@@ -72,7 +79,7 @@ def load(build: bool = True, verbose: bool = False):
             from torch.utils.cpp_extension import load as cpp_load
 
             d.mkdir(parents=True, exist_ok=True)
-            ext = cpp_load(NAME, [str(SOURCE)], build_directory=str(d), verbose=verbose,
+            ext = cpp_load(NAME, [str(f) for f in SOURCES], build_directory=str(d), verbose=verbose,
                            extra_cflags=["-O3", "-march=native", "-fopenmp"],
                            extra_ldflags=["-fopenmp"])
         except Exception as e:  # no compiler, no ninja, a failed build: use the torch path
@@ -122,7 +129,7 @@ def main() -> int:
     """Build (or find) the kernel and check it against the PyTorch path once."""
     ext = load(build=True, verbose="-v" in sys.argv)
     if ext is None:
-        print(f"native attention: unavailable ({unavailable_reason()}); "
+        print(f"native kernels: unavailable ({unavailable_reason()}); "
               "workers will use the PyTorch path", file=sys.stderr)
         return 0 if os.environ.get("DSPARK_REQUIRE_NATIVE") != "1" else 1
     from .kv_cache import build_metadata, paged_attention
@@ -143,8 +150,11 @@ def main() -> int:
 
     ref, got = attend(None), attend(ext)
     err = float((ref - got).abs().max())
-    print(f"native attention: built in {build_dir()} (max |diff| vs PyTorch {err:.2e})")
-    return 0 if err < 1e-4 else 1
+    w, x = torch.randn(40, 24, generator=g), torch.randn(3, 24, generator=g)
+    lin_err = float((ext.linear_rows(x, ext.pack_rows_weight(w), 40) - x @ w.T).abs().max())
+    print(f"native kernels: built in {build_dir()} (max |diff| vs PyTorch: attention "
+          f"{err:.2e}, linear {lin_err:.2e})")
+    return 0 if err < 1e-4 and lin_err < 1e-4 else 1
 
 
 if __name__ == "__main__":

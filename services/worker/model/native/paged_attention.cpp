@@ -229,8 +229,3 @@ void paged_short_attention(torch::Tensor q, torch::Tensor k_flat, torch::Tensor 
     run<scalar_t>(q, k_flat, v_flat, seqs, tables, block_size, scale, out);
   });
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_short_attention", &paged_short_attention,
-        "attention of short query windows over a paged KV pool (in place into out)");
-}

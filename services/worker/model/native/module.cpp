@@ -1,0 +1,19 @@
+// The Python module of the native CPU kernels (one extension, built by
+// dspark.worker.model.native_attention.load).
+#include <torch/extension.h>
+
+#include <vector>
+
+void paged_short_attention(torch::Tensor q, torch::Tensor k_flat, torch::Tensor v_flat,
+                           torch::Tensor seqs, torch::Tensor tables, int64_t block_size,
+                           double scale, torch::Tensor out);
+torch::Tensor pack_rows_weight(torch::Tensor w);
+torch::Tensor linear_rows(torch::Tensor x, torch::Tensor wp, int64_t N);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_short_attention", &paged_short_attention,
+        "attention of short query windows over a paged KV pool (in place into out)");
+  m.def("pack_rows_weight", &pack_rows_weight,
+        "w [N, K] fp32 -> [ceil(N / 16), K, 16], the layout linear_rows reads");
+  m.def("linear_rows", &linear_rows, "x [M, K] @ w.T from a packed w, fp32 (N outputs)");
+}

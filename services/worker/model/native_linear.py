@@ -1,0 +1,135 @@
+"""The native fp32 linear layer for decode and verify steps (CPU).
+
+``native/linear_rows.cpp`` computes ``x @ w.T`` from a weight repacked once at
+load into units of 16 output rows interleaved along k. On the project's 2-core
+AVX2 CPU, over the default model's 30 layers and LM head (538 MB of fp32
+weights), side by side in one process (``python -m
+dspark.worker.model.native_linear``), against oneDNN's packed weights (what
+an fp32 worker used before) and F.linear:
+
+    rows          1      2      4      8     16     32     64    128    256    512
+    F.linear   45.0   85.5   86.7   89.2   97.1  127.0  187.2  386.4  637.8 1105.3
+    oneDNN     33.3   50.5   53.6   65.3   76.2  101.3  186.9  314.0  573.1 1116.5
+    native     22.5   22.4   26.0   34.7   44.4   67.6  118.9  235.3  446.3 1043.7  ms
+
+Every output is the plain sum over k in order, whatever the number of rows, so
+a row's result does not depend on the batch it runs in: a verify window's rows
+equal the same rows decoded one at a time, bit for bit.
+
+A worker with ``--linear auto`` (the default) uses it for an fp32 model on CPU
+when the native kernels are built (``make setup``); ``--linear native`` builds
+them if needed and refuses to start without them; ``--linear torch`` keeps
+oneDNN's packed weights (or ``F.linear``). bf16 keeps oneDNN, whose bf16 kernels
+are the fast ones on CPUs with AVX512-BF16.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import NamedTuple
+
+import torch
+
+from . import native_attention
+
+log = logging.getLogger(__name__)
+BACKENDS = ("auto", "native", "torch")
+UNIT = 16  # outputs per packed unit (linear_rows.cpp, kUnit)
+
+
+class RowsWeight(NamedTuple):
+    """A weight [n, k] packed for ``linear_rows``: wp [ceil(n / 16), k, 16]."""
+    wp: torch.Tensor
+    n: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n, self.wp.shape[1]
+
+
+class RowsLinear:
+    """``linear(x, w)`` and ``pack(w)`` over the native kernel (fp32, CPU)."""
+
+    def __init__(self, ext):
+        self.ext = ext
+
+    def pack(self, w: torch.Tensor) -> RowsWeight:
+        return RowsWeight(self.ext.pack_rows_weight(w.detach().float().contiguous()),
+                          int(w.shape[0]))
+
+    def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
+        lead, dt = x.shape[:-1], x.dtype
+        y = self.ext.linear_rows(x.reshape(-1, x.shape[-1]).float().contiguous(), w.wp, w.n)
+        return y.view(*lead, w.n).to(dt)
+
+
+def resolve(backend: str, device: torch.device, dtype: torch.dtype) -> RowsLinear | None:
+    """The native linear for a worker's ``--linear`` choice, or None (oneDNN or
+    F.linear). "auto" only loads kernels already built, so a worker never spends
+    its start-up compiling; "native" builds them when missing, and one that
+    cannot be had (another device or dtype, no compiler) is a start-up error."""
+    if backend not in BACKENDS:
+        raise ValueError(f"linear={backend!r} is invalid: must be one of {', '.join(BACKENDS)}")
+    if backend == "torch":
+        return None
+    why = ""
+    if device.type != "cpu":
+        why = f"it is a CPU kernel and the device is {device.type}"
+    elif dtype != torch.float32:
+        why = f"it is a float32 kernel and the dtype is {str(dtype).removeprefix('torch.')}"
+    if why:
+        if backend == "native":
+            raise ValueError(f"linear='native' is unavailable: {why}")
+        return None
+    ext = native_attention.load(build=backend == "native")
+    if ext is None:
+        if backend == "native":
+            raise ValueError(f"linear='native' is unavailable: "
+                             f"{native_attention.unavailable_reason()}")
+        log.warning("native linear unavailable (%s); using oneDNN",
+                    native_attention.unavailable_reason())
+        return None
+    return RowsLinear(ext)
+
+
+def main() -> int:
+    """Side by side, one process: native vs oneDNN-packed vs F.linear over the
+    default model's layer shapes (30 layers + a 49152-row LM head), fp32."""
+    from .llama import pack_weight, packed_linear, use_packed_linear
+
+    ext = native_attention.load(build=True)
+    if ext is None:
+        print(f"native kernels unavailable: {native_attention.unavailable_reason()}",
+              file=sys.stderr)
+        return 1
+    rows_linear = RowsLinear(ext)
+    counts = [int(a) for a in sys.argv[1:]] or [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    g = torch.Generator().manual_seed(0)
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
+    plain = [torch.randn(n, k, generator=g) * 0.05 for n, k in shapes]
+    impls = {"F.linear": (torch.nn.functional.linear, plain),
+             "native": (rows_linear, [rows_linear.pack(w) for w in plain])}
+    if use_packed_linear(plain[0]):
+        impls["oneDNN"] = (packed_linear, [pack_weight(w) for w in plain])
+    print("rows  " + "  ".join(f"{n:>9}" for n in impls) + "   (ms, best of 5)")
+    for m in counts:
+        xs = {k: torch.randn(m, k, generator=g) for k in (576, 1536)}
+        res = []
+        for fn, ws in impls.values():
+            def go():
+                for w in ws:
+                    fn(xs[w.shape[1]], w)
+            go()
+            ts = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                go()
+                ts.append(time.perf_counter() - t0)
+            res.append(min(ts) * 1e3)
+        print(f"{m:>4}  " + "  ".join(f"{t:9.1f}" for t in res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

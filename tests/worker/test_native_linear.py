@@ -1,0 +1,175 @@
+"""The native fp32 linear (native/linear_rows.cpp) against F.linear, and how a
+worker chooses it.
+
+Kernel tests skip, with the reason, where the native kernels cannot be built
+(no C++ compiler).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dspark.shared.config import WorkerConfig
+from dspark.shared.types import SeqStep, StepPlan
+from dspark.worker.model import native_attention, native_linear
+from dspark.worker.runner import ModelRunner
+
+EXT = native_attention.load(build=True)
+needs_ext = pytest.mark.skipif(
+    EXT is None, reason=f"native kernels unavailable: {native_attention.unavailable_reason()}")
+CPU = torch.device("cpu")
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@needs_ext
+@pytest.mark.parametrize("n,k", [(40, 24), (16, 8), (49, 37), (3072, 576), (5, 1536)])
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 8, 13, 64])
+def test_matches_f_linear(m, n, k):
+    """Every row count, outputs that do not fill a 16-wide unit (n = 49, 5), and
+    a k that is not a multiple of the 8 lanes (37): equal to F.linear to fp32
+    rounding."""
+    lin = native_linear.RowsLinear(EXT)
+    w, x = _rand(n, k, seed=1), _rand(m, k, seed=2)
+    got = lin(x, lin.pack(w))
+    assert got.shape == (m, n)
+    torch.testing.assert_close(got, F.linear(x, w), atol=1e-4 * k ** 0.5, rtol=1e-4)
+
+
+@needs_ext
+def test_row_results_do_not_depend_on_the_batch():
+    """A row's outputs are bit for bit the same alone, in any slice of the batch
+    and at any offset in it (the property that makes a verify window's rows equal
+    the same rows decoded one at a time)."""
+    lin = native_linear.RowsLinear(EXT)
+    w = lin.pack(_rand(100, 72, seed=3))
+    x = _rand(40, 72, seed=4)
+    full = lin(x, w)
+    for i in range(40):
+        assert torch.equal(lin(x[i:i + 1], w), full[i:i + 1])
+    for a, b in ((3, 11), (0, 8), (7, 40), (13, 19)):
+        assert torch.equal(lin(x[a:b], w), full[a:b])
+
+
+@needs_ext
+def test_any_rank_and_dtype_of_x():
+    """x [..., k] of any rank comes back [..., n]; a bf16 x is computed in fp32
+    and returned in bf16."""
+    lin = native_linear.RowsLinear(EXT)
+    w = _rand(24, 16, seed=5)
+    pw = lin.pack(w)
+    assert pw.shape == (24, 16)
+    x = _rand(2, 3, 16, seed=6)
+    torch.testing.assert_close(lin(x, pw), F.linear(x, w), atol=1e-5, rtol=1e-5)
+    xb = x.bfloat16()
+    got = lin(xb, pw)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, F.linear(xb.float(), w).bfloat16())
+    assert lin(_rand(0, 16), pw).shape == (0, 24)
+
+
+@needs_ext
+def test_kernel_refuses_bad_inputs():
+    lin = native_linear.RowsLinear(EXT)
+    pw = lin.pack(_rand(24, 16))
+    with pytest.raises(RuntimeError, match="columns"):
+        EXT.linear_rows(_rand(2, 15), pw.wp, 24)
+    with pytest.raises(RuntimeError, match="N=40"):
+        EXT.linear_rows(_rand(2, 16), pw.wp, 40)
+    with pytest.raises(RuntimeError, match="float32"):
+        EXT.linear_rows(_rand(2, 16).double(), pw.wp, 24)
+
+
+def test_resolve_choices():
+    """torch: never; auto: only fp32 on CPU, else None without an error; native:
+    a start-up error that names why; anything else: an error naming the field."""
+    assert native_linear.resolve("torch", CPU, torch.float32) is None
+    assert native_linear.resolve("auto", CPU, torch.bfloat16) is None
+    assert native_linear.resolve("auto", torch.device("cuda"), torch.float32) is None
+    with pytest.raises(ValueError, match="linear='native' is unavailable: .*float32.*bfloat16"):
+        native_linear.resolve("native", CPU, torch.bfloat16)
+    with pytest.raises(ValueError, match="device is cuda"):
+        native_linear.resolve("native", torch.device("cuda"), torch.float32)
+    with pytest.raises(ValueError, match="linear='fast' is invalid"):
+        native_linear.resolve("fast", CPU, torch.float32)
+    with pytest.raises(ValueError, match="linear"):
+        WorkerConfig(linear="fast")
+    if EXT is not None:
+        assert isinstance(native_linear.resolve("auto", CPU, torch.float32),
+                          native_linear.RowsLinear)
+
+
+@needs_ext
+def test_float32_worker_serves_on_the_native_linear(tiny_model_dir):
+    """An fp32 CPU worker (``--linear auto``, kernels built) packs its layers and
+    head for the native kernel and, given a drafter, the drafter's too; its
+    logits equal the oneDNN worker's to rounding and it picks the same tokens;
+    a bf16 worker keeps oneDNN."""
+    from dspark.worker.model.llama import packed_linear, use_packed_linear
+
+    def runner(dtype, linear):
+        return ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype=dtype, block_size=8,
+                                        num_kv_blocks=16, tap_layer_ids=(), linear=linear))
+
+    nat, ref = runner("float32", "auto"), runner("float32", "torch")
+    assert isinstance(nat.model.linear, native_linear.RowsLinear)
+    assert isinstance(nat.model.lm_head, native_linear.RowsWeight)
+    assert nat.model.packing[1] is nat.model.linear
+    assert not isinstance(ref.model.linear, native_linear.RowsLinear)
+    toks = [int(t) for t in _rand(20, seed=7).abs().mul(30).long() % 97]
+    logits = {}
+    for name, r in (("native", nat), ("ref", ref)):
+        orig = r.model.forward
+        r.model.forward = lambda *a, _o=orig, _n=name, **k: logits.setdefault(
+            _n, []).append(_o(*a, **k)) or logits[_n][-1]
+        outs = [r.step(StepPlan(0, [SeqStep("q", toks[:12], 0, [0, 1], sample=True)]))]
+        for i in range(12, 20):  # then one row at a time
+            outs.append(r.step(StepPlan(i, [SeqStep("q", toks[i:i + 1], i, [0, 1, 2],
+                                                    sample=True)])))
+        logits[name + "_tokens"] = [o.outputs[0].token_id for o in outs]
+    for a, b in zip(logits["native"], logits["ref"]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert logits["native_tokens"] == logits["ref_tokens"]
+    bf = runner("bfloat16", "auto")
+    assert not isinstance(bf.model.linear, native_linear.RowsLinear)
+    if use_packed_linear(bf.model.embed):
+        assert bf.model.linear is packed_linear
+    with pytest.raises(ValueError, match="linear='native' is unavailable"):
+        runner("bfloat16", "native")
+
+
+@needs_ext
+@pytest.mark.parametrize("draft_vocab", [0, 41])
+def test_drafter_packs_like_its_target(target, draft_vocab):
+    """bind_llama + pack_for_inference on a natively packed target: the drafter's
+    layers, fusion, Markov W2 and (pruned) head use the native kernel and draft
+    what the plain module drafts."""
+    from dspark.worker.model.llama import Llama
+
+    from .test_drafter import batch, make_drafter
+
+    lin = native_linear.RowsLinear(EXT)
+    weights = {"embed": target.embed, "norm": target.norm}
+    for i, w in enumerate(target.layers):
+        weights.update({f"{i}.{k}": v for k, v in w.items()})
+    if target.lm_head is not target.embed:
+        weights["lm_head"] = target.lm_head
+    served = Llama(target.args, weights, 64, pack=True, rows_linear=lin)
+    dr = make_drafter(target, **({"draft_vocab_size": draft_vocab} if draft_vocab else {}))
+    if draft_vocab:  # a pruned head: 41 rows (not a multiple of the kernel's 16)
+        dr.set_draft_vocab(torch.randperm(97, generator=torch.Generator().manual_seed(0))
+                           [:draft_vocab].sort().values)
+    dr.bind_llama(target)
+    args = batch(target)
+    plain = dr.draft(*args)
+    dr.bind_llama(served)
+    assert dr.pack_for_inference()
+    assert dr._packed_linear is lin and isinstance(dr._packed_fc, native_linear.RowsWeight)
+    assert isinstance(dr._lm_head, native_linear.RowsWeight)
+    assert dr._lm_head.shape == (draft_vocab or 97, target.args.hidden_size)
+    got = dr.draft(*args)
+    torch.testing.assert_close(got.confidences, plain.confidences, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got.tokens, plain.tokens)
