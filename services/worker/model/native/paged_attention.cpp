@@ -7,7 +7,9 @@
 // several times the step's matmuls. Here one call per layer does every
 // sequence: each (sequence, KV head) task reads its keys from the blocks in
 // place, scores all its G x n query rows at once (the GQA heads of one KV head
-// share every key load), and accumulates the values in fp32.
+// share every key load), and accumulates the values in fp32. Both products are
+// broadcast-and-multiply-add over vectors of 16 keys or 16 dimensions, so no
+// step needs a horizontal sum (which AVX2 has no fast form of).
 //
 // Row i of a window at positions [start, start + n) sees keys [0, start + i].
 // Every query row is computed the same way whatever else is in the batch (keys
@@ -25,39 +27,80 @@
 
 namespace {
 
-// GCC/Clang vector extensions: 16 fp32 lanes (one AVX-512 register, two AVX2
-// ones, four NEON ones: the compiler lowers them to what the target has).
-typedef float f16v __attribute__((vector_size(64)));
-typedef int32_t i16v __attribute__((vector_size(64)));
-constexpr int kW = 16;  // lanes; head_dim must be a multiple of it
+// GCC/Clang vector extensions of the machine's native width: 16 fp32 lanes with
+// AVX-512, else 8 (AVX2; NEON's 4-lane registers take pairs). A generic vector
+// wider than the machine's registers compiles to slow code (GCC keeps it in
+// memory), so every loop below works in native vectors.
+#if defined(__AVX512F__)
+constexpr int kV = 16;
+#else
+constexpr int kV = 8;
+#endif
+typedef float fv __attribute__((vector_size(kV * 4)));
+typedef int32_t iv __attribute__((vector_size(kV * 4)));
+constexpr int kW = 16;        // keys per tile; head_dim must be a multiple of it
+constexpr int kP = kW / kV;   // native vectors per tile row
 
-inline f16v loadv(const float* p) {
-  f16v v;
+inline fv loadv(const float* p) {
+  fv v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void storev(float* p, f16v v) { std::memcpy(p, &v, sizeof(v)); }
+inline void storev(float* p, fv v) { std::memcpy(p, &v, sizeof(v)); }
 
-// Lane u of the result is the sum of the lanes of p[u]: 16 horizontal sums at
-// once by a transpose-and-add network (15 two-vector shuffles and adds per
-// level pair, no scalar reduction), always in the same order.
-inline f16v sum16(const f16v* p) {
-  const i16v a1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const i16v b1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  const i16v a2 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
-  const i16v b2 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
-  const i16v a3 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
-  const i16v b3 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
-  const i16v a4 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
-  const i16v b4 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
-  f16v x[8], y[4], z[2];
-  for (int i = 0; i < 8; ++i)  // x[i]: keys i (lanes 0-7) and i + 8 (lanes 8-15)
-    x[i] = __builtin_shuffle(p[i], p[i + 8], a1) + __builtin_shuffle(p[i], p[i + 8], b1);
-  for (int i = 0; i < 4; ++i)  // y[i]: keys i, i + 4, i + 8, i + 12 (4 lanes each)
-    y[i] = __builtin_shuffle(x[i], x[i + 4], a2) + __builtin_shuffle(x[i], x[i + 4], b2);
-  for (int i = 0; i < 2; ++i)  // z[i]: keys i, i + 2, ..., i + 14 (2 lanes each)
-    z[i] = __builtin_shuffle(y[i], y[i + 2], a3) + __builtin_shuffle(y[i], y[i + 2], b3);
-  return __builtin_shuffle(z[0], z[1], a4) + __builtin_shuffle(z[0], z[1], b4);
+// Scores of R query vectors (stride hd) against one tile of kW keys stored
+// transposed, kT[d * kW + u] = key u's dimension d: for each d, one broadcast of
+// q[d] times the kW keys' values, so lane u of s[i] is query i's dot product
+// with key u, summed over d in order (no horizontal sums; every query the same
+// way whatever R is).
+template <int R>
+inline void score_tile(const float* q, int64_t hd, const float* kT, float sc, float* out,
+                       int64_t out_stride) {
+  fv s[R][kP];
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < kP; ++c) s[i][c] = fv{};
+  for (int64_t d = 0; d < hd; ++d) {
+    fv k[kP];
+    for (int c = 0; c < kP; ++c) k[c] = loadv(kT + d * kW + c * kV);
+    for (int i = 0; i < R; ++i) {
+      const float qd = q[i * hd + d];
+      for (int c = 0; c < kP; ++c) s[i][c] += qd * k[c];
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < kP; ++c) storev(out + i * out_stride + c * kV, s[i][c] * sc);
+}
+
+// acc[hd] += sum over the tile's nt rows u of w[u] * v[u] (rows of stride hd),
+// the NV = hd / kV vectors of acc held in registers across the rows.
+template <int NV>
+inline void value_tile(const float* w, const float* vt, int64_t nt, float* acc) {
+  fv a[NV];
+  for (int c = 0; c < NV; ++c) a[c] = loadv(acc + c * kV);
+  for (int64_t u = 0; u < nt; ++u) {
+    const float wu = w[u];
+    for (int c = 0; c < NV; ++c) a[c] += wu * loadv(vt + u * NV * kV + c * kV);
+  }
+  for (int c = 0; c < NV; ++c) storev(acc + c * kV, a[c]);
+}
+
+inline void value_tile_any(const float* w, const float* vt, int64_t nt, float* acc,
+                           int64_t hd) {
+  switch (hd / kV) {
+    case 1: return value_tile<1>(w, vt, nt, acc);
+    case 2: return value_tile<2>(w, vt, nt, acc);
+    case 4: return value_tile<4>(w, vt, nt, acc);
+    case 6: return value_tile<6>(w, vt, nt, acc);
+    case 8: return value_tile<8>(w, vt, nt, acc);
+    case 10: return value_tile<10>(w, vt, nt, acc);
+    case 12: return value_tile<12>(w, vt, nt, acc);
+    default:  // other widths: one vector of acc at a time (the same order)
+      for (int64_t c = 0; c < hd / kV; ++c) {
+        fv a = loadv(acc + c * kV);
+        for (int64_t u = 0; u < nt; ++u) a += w[u] * loadv(vt + u * hd + c * kV);
+        storev(acc + c * kV, a);
+      }
+  }
 }
 
 template <typename T>
@@ -74,32 +117,32 @@ inline void to_float<c10::BFloat16>(const c10::BFloat16* __restrict src, float* 
   for (int64_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
 }
 
-// exp(x) for x <= 0 (scores minus their maximum), 16 at a time: x = k ln2 + r,
+// exp(x) for x <= 0 (scores minus their maximum), kV at a time: x = k ln2 + r,
 // |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial (relative error ~1e-7),
 // times 2^k built in the exponent bits. Below -87 the result is 0.
-inline f16v exp_nonpositive(f16v x) {
-  const f16v magic = f16v{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const f16v k = (x * 1.44269504088896341f + magic) - magic;
-  const f16v r = x - k * 0.693359375f + k * 2.12194440e-4f;
-  f16v p = f16v{} + 1.9875691500e-4f;
+inline fv exp_nonpositive(fv x) {
+  const fv magic = fv{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const fv k = (x * 1.44269504088896341f + magic) - magic;
+  const fv r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  fv p = fv{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  i16v e = __builtin_convertvector(k, i16v) + 127;
+  iv e = __builtin_convertvector(k, iv) + 127;
   e = (e > 0) & e;                    // clamp the exponent at 0 (-> 0.0f)
-  const f16v scale = (f16v)(e << 23);
-  const i16v keep = x >= -87.0f;      // all ones where kept
-  return (f16v)((i16v)(p * scale) & keep);
+  const fv scale = (fv)(e << 23);
+  const iv keep = x >= -87.0f;      // all ones where kept
+  return (fv)((iv)(p * scale) & keep);
 }
 
 template <typename T>
 void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tensor& v_flat,
          const torch::Tensor& seqs, const torch::Tensor& tables, int64_t block_size,
          double scale, torch::Tensor& out) {
-  const int64_t n_heads = q.size(1), hd = q.size(2), nc = hd / kW;
+  const int64_t n_heads = q.size(1), hd = q.size(2);
   const int64_t n_kv = k_flat.size(1), g = n_heads / n_kv;
   const int64_t n_seqs = seqs.size(0), max_blocks = tables.size(1);
   const T* qp = q.data_ptr<T>();
@@ -113,7 +156,8 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
 
   at::parallel_for(0, n_seqs * n_kv, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> qf, scores, acc;
-    std::vector<float> ktile(kW * hd);     // a tile of kW key rows
+    std::vector<float> ktile(kW * hd);     // a tile of kW key rows, transposed
+    std::vector<float> krow(hd);
     std::vector<float> vtile(kW * hd);     // a tile of kW value rows
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t b = task / n_kv, j = task % n_kv;
@@ -137,25 +181,24 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h = 0; h < g; ++h)
           to_float(qp + (row0 + i) * q_row + (j * g + h) * hd, qf.data() + (i * g + h) * hd, hd);
-      // scores [m, padded]: kW keys at a time; per query, kW vectors of partial
-      // products, summed across lanes by sum16 into one vector of kW scores
+      // scores [m, padded]: kW keys at a time, the tile transposed (kT), four
+      // query vectors per pass over it
       scores.assign(m * padded, 0.f);
       for (int64_t t0 = 0; t0 < n_keys; t0 += kW) {
         const int64_t nt = std::min<int64_t>(kW, n_keys - t0);
         prefetch(kp, t0 + kW, std::min<int64_t>(n_keys, t0 + 2 * kW));
         if (nt < kW) std::fill(ktile.begin(), ktile.end(), 0.f);
-        for (int64_t u = 0; u < nt; ++u) to_float(at(kp, t0 + u), ktile.data() + u * hd, hd);
-        for (int64_t r = 0; r < m; ++r) {
-          const float* qr = qf.data() + r * hd;
-          f16v part[kW];
-          for (int u = 0; u < kW; ++u) {
-            const float* ku = ktile.data() + u * hd;
-            f16v a = loadv(qr) * loadv(ku);
-            for (int64_t c = 1; c < nc; ++c) a += loadv(qr + c * kW) * loadv(ku + c * kW);
-            part[u] = a;
-          }
-          storev(scores.data() + r * padded + t0, sum16(part) * sc);
+        for (int64_t u = 0; u < nt; ++u) {
+          to_float(at(kp, t0 + u), krow.data(), hd);
+          for (int64_t d = 0; d < hd; ++d) ktile[d * kW + u] = krow[d];
         }
+        int64_t r = 0;
+        for (; r + 4 <= m; r += 4)
+          score_tile<4>(qf.data() + r * hd, hd, ktile.data(), sc,
+                        scores.data() + r * padded + t0, padded);
+        for (; r < m; ++r)
+          score_tile<1>(qf.data() + r * hd, hd, ktile.data(), sc,
+                        scores.data() + r * padded + t0, padded);
       }
       // softmax per query row over the keys it sees (row i: [0, start + i]);
       // the others weigh 0
@@ -166,32 +209,26 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
           float* s = scores.data() + (i * g + h) * padded;
           const float mx = *std::max_element(s, s + seen);
           for (int64_t t = seen; t < padded; ++t) s[t] = -1e30f;  // -> exp = 0
-          f16v sum = {};
-          for (int64_t t = 0; t < padded; t += kW) {
-            const f16v e = exp_nonpositive(loadv(s + t) - mx);
+          fv sum = {};
+          for (int64_t t = 0; t < padded; t += kV) {
+            const fv e = exp_nonpositive(loadv(s + t) - mx);
             storev(s + t, e);
             sum += e;
           }
           float total = 0.f;
-          for (int l = 0; l < kW; ++l) total += sum[l];
+          for (int l = 0; l < kV; ++l) total += sum[l];
           denom[i * g + h] = total;
         }
       }
-      // values: kW rows at a time; each query's accumulator is nc vectors
+      // values: kW rows at a time; each query's accumulator is hd / kV vectors
       acc.assign(m * hd, 0.f);
       for (int64_t t0 = 0; t0 < n_keys; t0 += kW) {
         const int64_t nt = std::min<int64_t>(kW, n_keys - t0);
         prefetch(vp, t0 + kW, std::min<int64_t>(n_keys, t0 + 2 * kW));
         for (int64_t u = 0; u < nt; ++u) to_float(at(vp, t0 + u), vtile.data() + u * hd, hd);
-        for (int64_t r = 0; r < m; ++r) {
-          const float* w = scores.data() + r * padded + t0;
-          float* a = acc.data() + r * hd;
-          for (int64_t c = 0; c < nc; ++c) {
-            f16v av = loadv(a + c * kW);
-            for (int64_t u = 0; u < nt; ++u) av += w[u] * loadv(vtile.data() + u * hd + c * kW);
-            storev(a + c * kW, av);
-          }
-        }
+        for (int64_t r = 0; r < m; ++r)
+          value_tile_any(scores.data() + r * padded + t0, vtile.data(), nt,
+                         acc.data() + r * hd, hd);
       }
       for (int64_t r = 0; r < m; ++r) {
         const int64_t i = r / g, h = r % g;
