@@ -173,3 +173,25 @@ def test_drafter_packs_like_its_target(target, draft_vocab):
     got = dr.draft(*args)
     torch.testing.assert_close(got.confidences, plain.confidences, atol=1e-4, rtol=1e-4)
     assert torch.equal(got.tokens, plain.tokens)
+
+
+@needs_ext
+@pytest.mark.parametrize("t,d", [(1, 576), (8, 64), (33, 37), (300, 576)])
+def test_row_ops_match_pytorch(t, d):
+    """RMSNorm and the SwiGLU product (native/row_ops.cpp) equal PyTorch's to
+    fp32 rounding, for widths that are not a multiple of the 8 lanes and for
+    gates far out in both tails (exp clamped, no inf or nan)."""
+    lin = native_linear.RowsLinear(EXT)
+    x, w = _rand(t, d, seed=8) * 3, 1 + _rand(d, seed=9) * 0.1
+    torch.testing.assert_close(lin.rms_norm(x, w, 1e-5), F.rms_norm(x, (d,), w, 1e-5),
+                               atol=1e-5, rtol=1e-5)
+    gu = _rand(t, 2 * d, seed=10) * 4
+    gu[0, :4] = torch.tensor([-200.0, -90.0, 90.0, 200.0])
+    gate, up = gu.chunk(2, dim=-1)
+    got = lin.silu_mul(gu)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, F.silu(gate) * up, atol=1e-5, rtol=1e-5)
+    # each row on its own: the same bits alone as in the batch
+    assert torch.equal(lin.rms_norm(x[t // 2:t // 2 + 1], w, 1e-5),
+                       lin.rms_norm(x, w, 1e-5)[t // 2:t // 2 + 1])
+    assert torch.equal(lin.silu_mul(gu[-1:]), got[-1:])

@@ -152,6 +152,15 @@ def wide_gemm_faster_in_fp32(w: torch.Tensor, rows: int = 256) -> bool:
     return best(lambda: fp32_linear(x, w)) < 0.9 * best(lambda: F.linear(x, w))
 
 
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def _silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    gate, up = gu.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class Llama(torch.nn.Module):
     """Weights + a functional forward. Fused: wqkv [(H+2KV)*hd, d], w13 [2I, d]."""
 
@@ -170,6 +179,7 @@ class Llama(torch.nn.Module):
         self.layers = [{k: weights[f"{i}.{k}"] for k in ("ln1", "wqkv", "wo", "ln2", "w13", "w2")}
                        for i in range(a.num_layers)]
         self.linear = F.linear
+        self.rms_norm, self.silu_mul = _rms_norm, _silu_mul  # native ones with the kernel
         # (pack, linear) of the serving layout, for other weights that use this
         # model's linear (a drafter's head rows and layers); None = plain F.linear
         self.packing: tuple[Callable, Callable] | None = None
@@ -187,6 +197,7 @@ class Llama(torch.nn.Module):
         if pack and rows_linear is not None and self.embed.dtype == torch.float32 and \
                 self.embed.device.type == "cpu":
             self.packing = (rows_linear.pack, rows_linear)
+            self.rms_norm, self.silu_mul = rows_linear.rms_norm, rows_linear.silu_mul
         elif pack and use_packed_linear(self.embed):
             self.packing = (pack_weight, packed_linear)
             if self.embed.dtype == torch.bfloat16 and \
@@ -229,6 +240,7 @@ class Llama(torch.nn.Module):
         t = tokens.shape[0]
         h, kvh, hd, d = a.num_heads, a.num_kv_heads, a.head_dim, a.hidden_size
         qk_dim, eps, lin = self.q_dim + self.kv_dim, a.rms_norm_eps, self.linear
+        norm, silu_mul = self.rms_norm, self.silu_mul
         layers = self.layers
         if self.wide_layers is not None and t >= FP32_ROWS:
             layers, lin = self.wide_layers, fp32_linear
@@ -237,15 +249,14 @@ class Llama(torch.nn.Module):
         sin = self.sin_signed.index_select(0, meta.positions).unsqueeze(1)
         tap_slot = {layer: j for j, layer in enumerate(tap_layers)}
         for i, w in enumerate(layers):
-            qkv = lin(F.rms_norm(x, (d,), w["ln1"], eps), w["wqkv"])  # [T, (H+2KV)*hd]
+            qkv = lin(norm(x, w["ln1"], eps), w["wqkv"])  # [T, (H+2KV)*hd]
             qk = qkv[:, :qk_dim].view(t, h + kvh, hd)
             # RoPE (rotate-half layout): roll swaps the halves, sin_signed has -sin first
             qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
             v = qkv[:, qk_dim:].view(t, kvh, hd)
             o = paged_attention(qk[:, :h], qk[:, h:], v, kv.k_flat[i], kv.v_flat[i], meta)
             x = x + lin(o, w["wo"])  # o: [T, H*hd]
-            gate, up = lin(F.rms_norm(x, (d,), w["ln2"], eps), w["w13"]).chunk(2, dim=-1)
-            x = x + lin(F.silu(gate) * up, w["w2"])  # SwiGLU
+            x = x + lin(silu_mul(lin(norm(x, w["ln2"], eps), w["w13"])), w["w2"])  # SwiGLU
             if i in tap_slot:
                 j = tap_slot[i]
                 taps_out[:, j * d:(j + 1) * d] = x
@@ -253,7 +264,7 @@ class Llama(torch.nn.Module):
             return None
         xs = x.index_select(0, logit_rows) if logit_rows.shape[0] != t else x
         # logits for a few rows: the (packed) decode head
-        logits = self.linear(F.rms_norm(xs, (d,), self.norm, eps), self.lm_head)  # [S, V]
+        logits = self.linear(norm(xs, self.norm, eps), self.lm_head)  # [S, V]
         return logits.float() if float_logits else logits
 
 

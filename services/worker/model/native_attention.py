@@ -12,7 +12,8 @@ for another CPU:
   place (the PyTorch path copies them into a padded batch, or calls SDPA once
   per sequence);
 - ``native/linear_rows.cpp`` is the fp32 linear layer for the row counts of
-  decode and verify steps (``native_linear``).
+  decode and verify steps, and ``native/row_ops.cpp`` their RMSNorm and SwiGLU
+  product (``native_linear``).
 
 ``make setup`` builds it (``python -m dspark.worker.model.native_attention``);
 a worker with ``--attention auto`` (``--linear auto``) uses a kernel when it is
@@ -32,7 +33,8 @@ from pathlib import Path
 import torch
 
 _DIR = Path(__file__).resolve().parent / "native"
-SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "linear_rows.cpp"))
+SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "linear_rows.cpp",
+                                    "row_ops.cpp"))
 NAME = "dspark_native"
 BACKENDS = ("auto", "native", "torch")
 

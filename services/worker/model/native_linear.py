@@ -58,6 +58,14 @@ class RowsLinear:
         return RowsWeight(self.ext.pack_rows_weight(w.detach().float().contiguous()),
                           int(w.shape[0]))
 
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        """F.rms_norm(x, (d,), w, eps) for fp32 x [T, d] (``native/row_ops.cpp``)."""
+        return self.ext.rms_norm_rows(x.contiguous(), w, eps)
+
+    def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """[gate | up] [T, 2I] -> F.silu(gate) * up, fp32."""
+        return self.ext.silu_mul_rows(gu.contiguous())
+
     def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
         lead, dt = x.shape[:-1], x.dtype
         y = self.ext.linear_rows(x.reshape(-1, x.shape[-1]).float().contiguous(), w.wp, w.n)

@@ -9,6 +9,8 @@ void paged_short_attention(torch::Tensor q, torch::Tensor k_flat, torch::Tensor 
                            double scale, torch::Tensor out);
 torch::Tensor pack_rows_weight(torch::Tensor w);
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor wp, int64_t N);
+torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor silu_mul_rows(torch::Tensor gu);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_short_attention", &paged_short_attention,
@@ -16,4 +18,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_rows_weight", &pack_rows_weight,
         "w [N, K] fp32 -> [ceil(N / 16), K, 16], the layout linear_rows reads");
   m.def("linear_rows", &linear_rows, "x [M, K] @ w.T from a packed w, fp32 (N outputs)");
+  m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row of x [T, d], fp32");
+  m.def("silu_mul_rows", &silu_mul_rows, "[gate | up] [T, 2I] -> silu(gate) * up, fp32");
 }
