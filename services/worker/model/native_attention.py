@@ -35,6 +35,7 @@ import torch
 _DIR = Path(__file__).resolve().parent / "native"
 SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "linear_rows.cpp",
                                     "row_ops.cpp"))
+HEADERS = (_DIR / "vec_exp.h",)  # included by the sources: part of the build key
 NAME = "dspark_native"
 BACKENDS = ("auto", "native", "torch")
 
@@ -59,7 +60,7 @@ def _cpu_key() -> str:
 def build_dir() -> Path:
     from dspark.shared.config import cache_dir
 
-    src = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES)).hexdigest()[:12]
+    src = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS)).hexdigest()[:12]
     tv = torch.__version__.replace("+", "_")
     return cache_dir() / "native" / f"{NAME}-{src}-torch{tv}-cpu{_cpu_key()}"
 

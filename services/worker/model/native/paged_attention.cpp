@@ -25,6 +25,8 @@
 #include <limits>
 #include <vector>
 
+#include "vec_exp.h"
+
 namespace {
 
 // GCC/Clang vector extensions of the machine's native width: 16 fp32 lanes with
@@ -117,20 +119,11 @@ inline void to_float<c10::BFloat16>(const c10::BFloat16* __restrict src, float* 
   for (int64_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
 }
 
-// exp(x) for x <= 0 (scores minus their maximum), kV at a time: x = k ln2 + r,
-// |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial (relative error ~1e-7),
+// exp(x) for x <= 0 (scores minus their maximum), kV at a time (vec_exp.h),
 // times 2^k built in the exponent bits. Below -87 the result is 0.
 inline fv exp_nonpositive(fv x) {
-  const fv magic = fv{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const fv k = (x * 1.44269504088896341f + magic) - magic;
-  const fv r = x - k * 0.693359375f + k * 2.12194440e-4f;
-  fv p = fv{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  fv k;
+  const fv p = exp_mantissa(x, k);
   iv e = __builtin_convertvector(k, iv) + 127;
   e = (e > 0) & e;                    // clamp the exponent at 0 (-> 0.0f)
   const fv scale = (fv)(e << 23);

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "vec_exp.h"
+
 namespace {
 
 typedef float f8v __attribute__((vector_size(32)));
@@ -25,22 +27,13 @@ typedef int32_t i8v __attribute__((vector_size(32)));
 
 constexpr int64_t kGrain = 16;  // rows per parallel task
 
-// exp(x) for x clamped to [-87, 88], 8 at a time: x = k ln2 + r, |r| <= ln2 / 2,
-// exp(r) by Cephes' expf polynomial (relative error ~1e-7), times 2^k built in
-// the exponent bits.
+// exp(x) for x clamped to [-87, 88], 8 at a time (vec_exp.h), times 2^k built
+// in the exponent bits.
 inline f8v exp8(f8v x) {
   x = x < -87.f ? f8v{} - 87.f : x;
   x = x > 88.f ? f8v{} + 88.f : x;
-  const f8v magic = f8v{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const f8v k = (x * 1.44269504088896341f + magic) - magic;
-  const f8v r = x - k * 0.693359375f + k * 2.12194440e-4f;
-  f8v p = f8v{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  f8v k;
+  const f8v p = exp_mantissa(x, k);
   const i8v e = (__builtin_convertvector(k, i8v) + 127) << 23;
   return p * (f8v)e;
 }
