@@ -299,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--attention", default="auto", choices=("auto", "native", "torch"),
                    help="the workers' short-window attention (default: native where built)")
     b.add_argument("--linear", default="auto", choices=("auto", "native", "torch"),
-                   help="the workers' fp32 linear layers (default: native where built)")
+                   help="the workers' CPU linear layers, fp32 or bf16 on AVX512-BF16 "
+                        "(default: native where built)")
     b.add_argument("--memory-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also run 32 concurrent ~2k-token requests and report peak RSS")
     b.set_defaults(fn=cmd_bench)

@@ -208,10 +208,10 @@ class WorkerConfig(ServerOpsConfig):
     # (built by `make setup`, see worker/model/native_attention.py) when it is
     # available, else PyTorch; "native" = the kernel or a start-up error; "torch"
     attention: str = "auto"
-    # linear layers of an fp32 model on CPU: "auto" = the native kernel (built
-    # by `make setup`, see worker/model/native_linear.py) when it is available,
-    # else oneDNN's packed weights; "native" = the kernel or a start-up error;
-    # "torch" = oneDNN (F.linear where oneDNN is missing). bf16 always uses oneDNN.
+    # linear layers of a model on CPU, fp32 or (AVX512-BF16) bf16: "auto" = the
+    # native kernel (built by `make setup`, see worker/model/native_linear.py)
+    # when it is available, else oneDNN's packed weights; "native" = the kernel
+    # or a start-up error; "torch" = oneDNN (F.linear where oneDNN is missing).
     linear: str = "auto"
     # "auto": K = 7 with the shipped drafter when serving the default model and it
     # is present (verify: AUTO_VERIFY_POLICY), else no speculation; or JSON

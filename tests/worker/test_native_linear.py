@@ -1,5 +1,5 @@
-"""The native fp32 linear (native/linear_rows.cpp) against F.linear, and how a
-worker chooses it.
+"""The native linear kernels (native/linear_rows.cpp fp32, native/linear_bf16.cpp
+bf16 on AVX512-BF16) against the float product, and how a worker chooses them.
 
 Kernel tests skip, with the reason, where the native kernels cannot be built
 (no C++ compiler).
@@ -83,14 +83,85 @@ def test_kernel_refuses_bad_inputs():
         EXT.linear_rows(_rand(2, 16).double(), pw.wp, 24)
 
 
+HAS_BF16 = EXT is not None and EXT.has_linear_bf16()
+needs_bf16 = pytest.mark.skipif(
+    not HAS_BF16, reason="no native bf16 linear: " + (
+        "this CPU has no AVX512-BF16" if EXT is not None
+        else f"native kernels unavailable: {native_attention.unavailable_reason()}"))
+
+
+@needs_bf16
+@pytest.mark.parametrize("n,k", [(40, 24), (49, 38), (5, 1536), (3072, 576), (576, 1536),
+                                 (33, 37)])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 13, 64])
+def test_bf16_matches_the_float_product(m, n, k):
+    """The AVX512-BF16 kernel: every row count (its microkernels take 1-8 rows),
+    outputs that do not fill a 16-wide unit, an odd k (a zero pair is padded):
+    the float product of the bf16 operands, rounded to bf16 once (to within
+    one bf16 step: the sums run in another order than the reference's)."""
+    lin = native_linear.Bf16Linear(EXT)
+    w, x = _rand(n, k, seed=1).bfloat16(), _rand(m, k, seed=2).bfloat16()
+    got = lin(x, lin.pack(w))
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    ref = x.float() @ w.float().T
+    torch.testing.assert_close(got.float(), ref, atol=2e-4 * k ** 0.5, rtol=2 ** -7)
+
+
+@needs_bf16
+def test_bf16_row_results_do_not_depend_on_the_batch():
+    """At the default model's shapes (the 1536-wide down projection is one that
+    oneDNN's bf16 GEMM computes differently for 1 and 8 rows), a row's outputs
+    are the same bits alone, in any slice of the batch and at any offset."""
+    lin = native_linear.Bf16Linear(EXT)
+    for n, k in ((576, 1536), (3072, 576), (49152, 576)):
+        w = lin.pack((_rand(n, k, seed=3) * 0.05).bfloat16())
+        x = _rand(24, k, seed=4).bfloat16()
+        full = lin(x, w)
+        for i in range(24):
+            assert torch.equal(lin(x[i:i + 1], w), full[i:i + 1])
+        for a, b in ((3, 11), (0, 8), (7, 24), (13, 19)):
+            assert torch.equal(lin(x[a:b], w), full[a:b])
+
+
+@needs_bf16
+def test_bf16_kernel_refuses_bad_inputs():
+    lin = native_linear.Bf16Linear(EXT)
+    pw = lin.pack(_rand(24, 16).bfloat16())
+    assert pw.shape == (24, 16)
+    with pytest.raises(RuntimeError, match="columns"):
+        EXT.linear_bf16(_rand(2, 14).bfloat16(), pw.wp, 24)
+    with pytest.raises(RuntimeError, match="N=40"):
+        EXT.linear_bf16(_rand(2, 16).bfloat16(), pw.wp, 40)
+    with pytest.raises(RuntimeError, match="bfloat16 only"):
+        EXT.linear_bf16(_rand(2, 16), pw.wp, 24)
+    with pytest.raises(RuntimeError, match="odd"):
+        EXT.pack_bf16_weight(_rand(4, 15).bfloat16())
+    # x of any rank and dtype: computed in bf16, returned in x's dtype
+    x = _rand(2, 3, 16, seed=6)
+    got = lin(x, pw)
+    assert got.shape == (2, 3, 24) and got.dtype == torch.float32
+    assert lin(_rand(0, 16).bfloat16(), pw).shape == (0, 24)
+
+
 def test_resolve_choices():
-    """torch: never; auto: only fp32 on CPU, else None without an error; native:
-    a start-up error that names why; anything else: an error naming the field."""
+    """torch: never; auto: the fp32 kernel for fp32 on CPU, the bf16 one for bf16
+    on a CPU with AVX512-BF16, else None without an error; native: a start-up
+    error that names why; anything else: an error naming the field."""
     assert native_linear.resolve("torch", CPU, torch.float32) is None
-    assert native_linear.resolve("auto", CPU, torch.bfloat16) is None
+    assert native_linear.resolve("torch", CPU, torch.bfloat16) is None
     assert native_linear.resolve("auto", torch.device("cuda"), torch.float32) is None
-    with pytest.raises(ValueError, match="linear='native' is unavailable: .*float32.*bfloat16"):
-        native_linear.resolve("native", CPU, torch.bfloat16)
+    assert native_linear.resolve("auto", CPU, torch.float16) is None
+    with pytest.raises(ValueError, match="linear='native' is unavailable: .*float16"):
+        native_linear.resolve("native", CPU, torch.float16)
+    if HAS_BF16:
+        assert isinstance(native_linear.resolve("auto", CPU, torch.bfloat16),
+                          native_linear.Bf16Linear)
+        assert isinstance(native_linear.resolve("native", CPU, torch.bfloat16),
+                          native_linear.Bf16Linear)
+    elif EXT is not None:
+        assert native_linear.resolve("auto", CPU, torch.bfloat16) is None
+        with pytest.raises(ValueError, match="linear='native' is unavailable: .*AVX512-BF16"):
+            native_linear.resolve("native", CPU, torch.bfloat16)
     with pytest.raises(ValueError, match="device is cuda"):
         native_linear.resolve("native", torch.device("cuda"), torch.float32)
     with pytest.raises(ValueError, match="linear='fast' is invalid"):
@@ -135,10 +206,13 @@ def test_float32_worker_serves_on_the_native_linear(tiny_model_dir):
     assert logits["native_tokens"] == logits["ref_tokens"]
     bf = runner("bfloat16", "auto")
     assert not isinstance(bf.model.linear, native_linear.RowsLinear)
-    if use_packed_linear(bf.model.embed):
+    if HAS_BF16:  # the bf16 kernel, for every step (no fp32 prefill layers)
+        assert isinstance(bf.model.linear, native_linear.Bf16Linear)
+        assert bf.model.wide_layers is None
+    elif use_packed_linear(bf.model.embed):
         assert bf.model.linear is packed_linear
-    with pytest.raises(ValueError, match="linear='native' is unavailable"):
-        runner("bfloat16", "native")
+    bt = runner("bfloat16", "torch")
+    assert not isinstance(bt.model.linear, (native_linear.RowsLinear, native_linear.Bf16Linear))
 
 
 @needs_ext

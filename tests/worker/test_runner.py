@@ -285,14 +285,22 @@ def test_rope_scaling(tmp_path):
         ModelRunner(WorkerConfig(model=str(d), dtype="float32", num_kv_blocks=8))
 
 
-def test_bfloat16_close_to_float32(tiny_model_dir):
+@pytest.mark.parametrize("linear", ["torch", "auto"])
+def test_bfloat16_close_to_float32(tiny_model_dir, linear):
+    """bf16 logits are fp32's to bf16 rounding, on oneDNN's packed weights
+    (``--linear torch``) and on the native bf16 kernel where the CPU has it."""
     from dspark.worker.model import llama
+    from dspark.worker.model.native_linear import Bf16Linear
 
     logits = {}
     for dt in ("float32", "bfloat16"):
         r = ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype=dt, block_size=BS,
-                                     num_kv_blocks=8, tap_layer_ids=()))
-        if dt == "bfloat16" and llama.use_packed_linear(r.model.embed):
+                                     num_kv_blocks=8, tap_layer_ids=(), linear=linear))
+        if dt == "float32":
+            pass
+        elif r.native_linear is not None:
+            assert linear == "auto" and isinstance(r.model.linear, Bf16Linear)
+        elif llama.use_packed_linear(r.model.embed):
             assert r.model.linear is llama.packed_linear  # oneDNN-packed weights
         orig = r.model.forward
         r.model.forward = lambda *a, _o=orig, _d=dt, **k: logits.__setitem__(_d, _o(*a, **k)) \
@@ -343,12 +351,18 @@ def test_float32_runner_packs_weights_and_matches_plain_weights(tiny_model_dir, 
 @pytest.mark.parametrize("wide", [False, True])
 def test_bf16_prefill_fp32_path_matches_decode_path(tiny_model_dir, monkeypatch, wide):
     """A bf16 prefill chunk of >= FP32_ROWS rows may run its linears in fp32
-    (plain weights, upcast); its logits agree with the packed bf16 path."""
+    (plain weights, upcast); its logits agree with the packed bf16 path. (On the
+    native bf16 kernel every step runs on it: no fp32 layers, even where an
+    upcast measured faster.)"""
     from dspark.worker.model import llama
 
     monkeypatch.setattr(llama, "wide_gemm_faster_in_fp32", lambda w: wide)
+    native = ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype="bfloat16",
+                                      block_size=BS, num_kv_blocks=8, tap_layer_ids=()))
+    if native.native_linear is not None:
+        assert native.model.wide_layers is None
     r = ModelRunner(WorkerConfig(model=str(tiny_model_dir), dtype="bfloat16", block_size=BS,
-                                 num_kv_blocks=64, tap_layer_ids=()))
+                                 num_kv_blocks=64, tap_layer_ids=(), linear="torch"))
     if not llama.use_packed_linear(r.model.embed):
         pytest.skip("no oneDNN bf16 packing on this CPU: the fp32 prefill path is never used")
     assert (r.model.wide_layers is not None) == wide

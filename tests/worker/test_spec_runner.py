@@ -38,9 +38,9 @@ def drafter_dir(tiny_model_dir, target, tmp_path_factory):
     return save_drafter(tmp_path_factory.mktemp("drafter") / "tiny-drafter", dr)
 
 
-def runner(tiny_model_dir, drafter_dir, k: int, **kw) -> ModelRunner:
+def runner(tiny_model_dir, drafter_dir, k: int, dtype="float32", **kw) -> ModelRunner:
     return ModelRunner(WorkerConfig(
-        model=str(tiny_model_dir), dtype="float32", num_kv_blocks=96, block_size=8,
+        model=str(tiny_model_dir), dtype=dtype, num_kv_blocks=96, block_size=8,
         tap_layer_ids=(0, 1, 2), drafter=str(drafter_dir), num_leases=4,
         speculative_config=json.dumps({"method": "dspark", "num_speculative_tokens": k}), **kw))
 
@@ -265,3 +265,36 @@ def test_async_scheduling_gives_identical_output(runners, temperature, monkeypat
     assert async_out == sync_out
     assert len(deferred) > 10  # the async path really ran
     assert core.load()["free_kv_blocks"] == 96 and core.load()["free_leases"] == 4
+
+
+def _native_bf16_reason() -> str:
+    from dspark.worker.model import native_attention
+
+    ext = native_attention.load(build=True)
+    if ext is None:
+        return f"native kernels unavailable: {native_attention.unavailable_reason()}"
+    if not ext.has_linear_bf16():
+        return "this CPU has no AVX512-BF16 (no native bf16 linear kernel)"
+    return ""
+
+
+@pytest.mark.skipif(bool(_native_bf16_reason()), reason=_native_bf16_reason())
+def test_bf16_greedy_speculation_equals_plain_on_the_native_kernels(tiny_model_dir,
+                                                                    drafter_dir):
+    """In bf16 with the native linear kernel (a row's result independent of the
+    batch), a verify window's rows are the rows plain decoding computes, so
+    greedy speculation reproduces plain greedy output exactly, as in fp32."""
+    from dspark.worker.model.native_linear import Bf16Linear
+
+    def bf16(k):
+        return runner(tiny_model_dir, drafter_dir, k, dtype="bfloat16", linear="native",
+                      attention="native")
+
+    r0, r7 = bf16(0), bf16(K)
+    assert isinstance(r7.model.linear, Bf16Linear) and r7.model.wide_layers is None
+    items = [(f"b{i}", p, SamplingParams(max_tokens=24 + i, ignore_eos=True))
+             for i, p in enumerate(prompts(seed=3))]
+    plain, _ = generate(r0, items)
+    spec, core = generate(r7, items)
+    assert spec == plain
+    assert core.spec_totals.verify_steps > 0

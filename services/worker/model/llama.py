@@ -189,15 +189,18 @@ class Llama(torch.nn.Module):
         # pack (serving only: packed weights have no autograd and no plain layout,
         # which training reads). fp32 on CPU with the native kernels built: their
         # layout (native_linear: 1.5x oneDNN for 1 row, 1.9x for 8, 1.6x for 64,
-        # 1.3x for 256; a row's result independent of the batch). Otherwise
+        # 1.3x for 256; a row's result independent of the batch); bf16 on a CPU
+        # with AVX512-BF16 likewise (1.8x oneDNN for 1 row, 1.3x for 8, 1.05-1.1x
+        # for 32-512, so every step, prefill included, runs on it). Otherwise
         # oneDNN's blocked layout, faster than F.linear on a plain [out, in]
         # matrix for every row count a step has: bf16 GEMV 1.5-3.5x with
         # bit-identical results; fp32 (AVX2, no bf16) 1.35x for 1 row, 1.3x for
         # 8, 1.1-1.25x for 32-256, and the 49152-row LM head 2x at every row count.
-        if pack and rows_linear is not None and self.embed.dtype == torch.float32 and \
+        if pack and rows_linear is not None and self.embed.dtype == rows_linear.dtype and \
                 self.embed.device.type == "cpu":
             self.packing = (rows_linear.pack, rows_linear)
-            self.rms_norm, self.silu_mul = rows_linear.rms_norm, rows_linear.silu_mul
+            if rows_linear.rms_norm is not None:
+                self.rms_norm, self.silu_mul = rows_linear.rms_norm, rows_linear.silu_mul
         elif pack and use_packed_linear(self.embed):
             self.packing = (pack_weight, packed_linear)
             if self.embed.dtype == torch.bfloat16 and \

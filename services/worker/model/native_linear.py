@@ -16,11 +16,22 @@ Every output is the plain sum over k in order, whatever the number of rows, so
 a row's result does not depend on the batch it runs in: a verify window's rows
 equal the same rows decoded one at a time, bit for bit.
 
-A worker with ``--linear auto`` (the default) uses it for an fp32 model on CPU
-when the native kernels are built (``make setup``); ``--linear native`` builds
-them if needed and refuses to start without them; ``--linear torch`` keeps
-oneDNN's packed weights (or ``F.linear``). bf16 keeps oneDNN, whose bf16 kernels
-are the fast ones on CPUs with AVX512-BF16.
+``native/linear_bf16.cpp`` (``Bf16Linear``) is the same for bf16 on CPUs with
+AVX512-BF16: k in pairs, one VDPBF16PS per pair and 16 outputs, float sums
+rounded to bf16 once; a row's result independent of the batch as well. On the
+project's 2-core AVX512-BF16 EPYC (``python -m dspark.worker.model.native_linear
+--bf16``):
+
+    rows          1      2      8     32    128    512
+    F.linear   23.8   19.2   23.5   38.7   99.6  396.4
+    oneDNN     12.2   14.3   13.7   27.9   86.4  374.0
+    native      6.8    9.0   10.5   24.8   82.0  347.2  ms
+
+A worker with ``--linear auto`` (the default) uses them for an fp32 model on
+CPU, and a bf16 one where the CPU has AVX512-BF16, when the native kernels are
+built (``make setup``); ``--linear native`` builds them if needed and refuses
+to start without them; ``--linear torch`` keeps oneDNN's packed weights (or
+``F.linear``).
 """
 from __future__ import annotations
 
@@ -39,17 +50,20 @@ UNIT = 16  # outputs per packed unit (linear_rows.cpp, kUnit)
 
 
 class RowsWeight(NamedTuple):
-    """A weight [n, k] packed for ``linear_rows``: wp [ceil(n / 16), k, 16]."""
+    """A weight [n, k] packed for ``linear_rows``: wp [ceil(n / 16), k, 16], or
+    for ``linear_bf16``: wp [ceil(n / 16), k / 2, 16, 2]."""
     wp: torch.Tensor
     n: int
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.n, self.wp.shape[1]
+        return self.n, self.wp.shape[1] * (2 if self.wp.dim() == 4 else 1)
 
 
 class RowsLinear:
     """``linear(x, w)`` and ``pack(w)`` over the native kernel (fp32, CPU)."""
+
+    dtype = torch.float32
 
     def __init__(self, ext):
         self.ext = ext
@@ -72,6 +86,35 @@ class RowsLinear:
         return y.view(*lead, w.n).to(dt)
 
 
+class Bf16Linear:
+    """``linear(x, w)`` and ``pack(w)`` over the AVX512-BF16 kernel
+    (``native/linear_bf16.cpp``): bf16 weights and activations, float sums,
+    a row's result independent of the batch. RMSNorm and the SwiGLU product
+    stay PyTorch's (elementwise per row)."""
+
+    dtype = torch.bfloat16
+
+    def __init__(self, ext):
+        self.ext = ext
+
+    def pack(self, w: torch.Tensor) -> RowsWeight:
+        w = w.detach().to(torch.bfloat16)
+        if w.shape[1] % 2:  # k in pairs: a zero column (x gets one too)
+            w = torch.nn.functional.pad(w, (0, 1))
+        return RowsWeight(self.ext.pack_bf16_weight(w.contiguous()), int(w.shape[0]))
+
+    rms_norm = None  # the model keeps its own (PyTorch) RMSNorm and SwiGLU
+    silu_mul = None
+
+    def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
+        lead, dt = x.shape[:-1], x.dtype
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        if x2.shape[1] % 2:
+            x2 = torch.nn.functional.pad(x2, (0, 1))
+        y = self.ext.linear_bf16(x2.contiguous(), w.wp, w.n)
+        return y.view(*lead, w.n).to(dt)
+
+
 def resolve(backend: str, device: torch.device, dtype: torch.dtype) -> RowsLinear | None:
     """The native linear for a worker's ``--linear`` choice, or None (oneDNN or
     F.linear). "auto" only loads kernels already built, so a worker never spends
@@ -84,8 +127,9 @@ def resolve(backend: str, device: torch.device, dtype: torch.dtype) -> RowsLinea
     why = ""
     if device.type != "cpu":
         why = f"it is a CPU kernel and the device is {device.type}"
-    elif dtype != torch.float32:
-        why = f"it is a float32 kernel and the dtype is {str(dtype).removeprefix('torch.')}"
+    elif dtype not in (torch.float32, torch.bfloat16):
+        why = (f"it is a float32 or bfloat16 kernel and the dtype is "
+               f"{str(dtype).removeprefix('torch.')}")
     if why:
         if backend == "native":
             raise ValueError(f"linear='native' is unavailable: {why}")
@@ -98,31 +142,47 @@ def resolve(backend: str, device: torch.device, dtype: torch.dtype) -> RowsLinea
         log.warning("native linear unavailable (%s); using oneDNN",
                     native_attention.unavailable_reason())
         return None
+    if dtype == torch.bfloat16:
+        if not ext.has_linear_bf16():
+            if backend == "native":
+                raise ValueError("linear='native' is unavailable: the bfloat16 kernel needs "
+                                 "a CPU with AVX512-BF16")
+            return None
+        return Bf16Linear(ext)
     return RowsLinear(ext)
 
 
 def main() -> int:
     """Side by side, one process: native vs oneDNN-packed vs F.linear over the
-    default model's layer shapes (30 layers + a 49152-row LM head), fp32."""
-    from .llama import pack_weight, packed_linear, use_packed_linear
+    default model's layer shapes (30 layers + a 49152-row LM head), fp32 or
+    (``--bf16``, on a CPU with AVX512-BF16) bf16, where the fp32 upcast that
+    prefill chunks use (``llama.fp32_linear``) runs beside them."""
+    from .llama import fp32_linear, pack_weight, packed_linear, use_packed_linear
 
     ext = native_attention.load(build=True)
     if ext is None:
         print(f"native kernels unavailable: {native_attention.unavailable_reason()}",
               file=sys.stderr)
         return 1
-    rows_linear = RowsLinear(ext)
-    counts = [int(a) for a in sys.argv[1:]] or [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    args = [a for a in sys.argv[1:] if a != "--bf16"]
+    dtype = torch.bfloat16 if "--bf16" in sys.argv[1:] else torch.float32
+    if dtype == torch.bfloat16 and not ext.has_linear_bf16():
+        print("this CPU has no AVX512-BF16: no native bf16 kernel", file=sys.stderr)
+        return 1
+    lin = Bf16Linear(ext) if dtype == torch.bfloat16 else RowsLinear(ext)
+    counts = [int(a) for a in args] or [1, 2, 4, 8, 16, 32, 64, 128, 256]
     g = torch.Generator().manual_seed(0)
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
-    plain = [torch.randn(n, k, generator=g) * 0.05 for n, k in shapes]
+    plain = [(torch.randn(n, k, generator=g) * 0.05).to(dtype) for n, k in shapes]
     impls = {"F.linear": (torch.nn.functional.linear, plain),
-             "native": (rows_linear, [rows_linear.pack(w) for w in plain])}
+             "native": (lin, [lin.pack(w) for w in plain])}
     if use_packed_linear(plain[0]):
         impls["oneDNN"] = (packed_linear, [pack_weight(w) for w in plain])
-    print("rows  " + "  ".join(f"{n:>9}" for n in impls) + "   (ms, best of 5)")
+    if dtype == torch.bfloat16:
+        impls["fp32 upcast"] = (fp32_linear, plain)
+    print("rows  " + "  ".join(f"{n:>11}" for n in impls) + "   (ms, best of 5)")
     for m in counts:
-        xs = {k: torch.randn(m, k, generator=g) for k in (576, 1536)}
+        xs = {k: torch.randn(m, k, generator=g).to(dtype) for k in (576, 1536)}
         res = []
         for fn, ws in impls.values():
             def go():
@@ -135,7 +195,7 @@ def main() -> int:
                 go()
                 ts.append(time.perf_counter() - t0)
             res.append(min(ts) * 1e3)
-        print(f"{m:>4}  " + "  ".join(f"{t:9.1f}" for t in res), flush=True)
+        print(f"{m:>4}  " + "  ".join(f"{t:11.1f}" for t in res), flush=True)
     return 0
 
 

@@ -11,6 +11,9 @@ torch::Tensor pack_rows_weight(torch::Tensor w);
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor wp, int64_t N);
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul_rows(torch::Tensor gu);
+bool has_linear_bf16();
+torch::Tensor pack_bf16_weight(torch::Tensor w);
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_short_attention", &paged_short_attention,
@@ -18,6 +21,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_rows_weight", &pack_rows_weight,
         "w [N, K] fp32 -> [ceil(N / 16), K, 16], the layout linear_rows reads");
   m.def("linear_rows", &linear_rows, "x [M, K] @ w.T from a packed w, fp32 (N outputs)");
+  m.def("has_linear_bf16", &has_linear_bf16,
+        "whether this build has the AVX512-BF16 linear kernel (linear_bf16)");
+  m.def("pack_bf16_weight", &pack_bf16_weight,
+        "w [N, K] bf16 -> [ceil(N / 16), K / 2, 16, 2], the layout linear_bf16 reads");
+  m.def("linear_bf16", &linear_bf16, "x [M, K] @ w.T from a packed w, bf16 (N outputs)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row of x [T, d], fp32");
   m.def("silu_mul_rows", &silu_mul_rows, "[gate | up] [T, 2I] -> silu(gate) * up, fp32");
 }

@@ -1,0 +1,147 @@
+// y = x @ w.T in bfloat16 for the row counts of decode and verify steps, on CPUs
+// with AVX512-BF16, from weights repacked once at load.
+//
+// oneDNN's bf16 GEMM streams the weights at a fraction of the read bandwidth for
+// 1-64 rows and, worse for speculation, picks its kernel by the number of rows:
+// a row of an 8-row verify window is not the row computed alone (different
+// summation order), so bf16 speculative output drifts from plain decoding.
+//
+// Here w [N, K] is repacked into units of 16 outputs with k in pairs,
+// wp [ceil(N / 16), K / 2, 16, 2]: for one pair (k, k + 1) a unit's 16 outputs
+// are one 64-byte line, the operand of one VDPBF16PS, which multiplies 16 pairs
+// and adds both products to 16 float sums. x's pair (x[m, k], x[m, k + 1]) is
+// broadcast to the 16 lanes. A microkernel keeps up to 8 rows x 3 units (or
+// 2 rows x 8 units) of float sums in the 32 registers; threads split the units,
+// and a few units stay in L2 while every 8-row chunk of x passes over them.
+//
+// Every output y[m, n] is its float sum over the pairs in order, rounded to
+// bf16 once, whatever the number of rows: a row's result does not depend on the
+// batch it runs in.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define DSPARK_BF16_LINEAR 1
+#endif
+
+bool has_linear_bf16() {
+#ifdef DSPARK_BF16_LINEAR
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+constexpr int64_t kUnit = 16;  // outputs per packed unit
+}
+
+// w [N, K] bf16 (K even) -> [ceil(N / 16), K / 2, 16, 2] (padding outputs are zero).
+torch::Tensor pack_bf16_weight(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16,
+              "pack_bf16_weight: a bfloat16 [N, K] matrix");
+  const int64_t N = w.size(0), K = w.size(1), units = (N + kUnit - 1) / kUnit;
+  TORCH_CHECK(K % 2 == 0, "pack_bf16_weight: K=", K, " is odd (k is packed in pairs)");
+  auto padded = torch::zeros({units * kUnit, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  // [units, 16, K/2, 2] -> [units, K/2, 16, 2]
+  return padded.view({units, kUnit, K / 2, 2}).transpose(1, 2).contiguous();
+}
+
+#ifdef DSPARK_BF16_LINEAR
+namespace {
+
+// MR rows of x (row stride K, in pairs: int32 each) against U consecutive units.
+template <int MR, int U>
+inline void micro(const int32_t* x, const uint16_t* wp, int64_t K2, uint16_t* y, int64_t ldy,
+                  int64_t n_valid) {
+  __m512 acc[MR][U];
+  for (int m = 0; m < MR; ++m)
+    for (int u = 0; u < U; ++u) acc[m][u] = _mm512_setzero_ps();
+  const int64_t stride = K2 * kUnit * 2;  // bf16 elements per unit
+  for (int64_t p = 0; p < K2; ++p) {
+    __m512bh w[U];
+    for (int u = 0; u < U; ++u)
+      w[u] = (__m512bh)_mm512_loadu_si512(wp + u * stride + p * kUnit * 2);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xs = (__m512bh)_mm512_set1_epi32(x[m * K2 + p]);
+      for (int u = 0; u < U; ++u) acc[m][u] = _mm512_dpbf16_ps(acc[m][u], xs, w[u]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int u = 0; u < U; ++u) {
+      const int64_t n0 = u * kUnit;
+      if (n0 >= n_valid) break;
+      const __m256bh h = _mm512_cvtneps_pbh(acc[m][u]);
+      if (n0 + kUnit <= n_valid) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ldy + n0), (__m256i)h);
+      } else {
+        const __mmask16 mask = (__mmask16)((1u << (n_valid - n0)) - 1);
+        _mm256_mask_storeu_epi16(y + m * ldy + n0, mask, (__m256i)h);
+      }
+    }
+}
+
+// MR rows against units [u0, u1) of a matrix with N outputs.
+template <int MR>
+void rows(const int32_t* x, const uint16_t* wp, uint16_t* y, int64_t K2, int64_t N, int64_t u0,
+          int64_t u1) {
+  // registers: MR * U sums + U weights + 1 broadcast within 32
+  constexpr int U = MR <= 2 ? 8 : (MR <= 4 ? 6 : (MR <= 6 ? 4 : 3));
+  const int64_t stride = K2 * kUnit * 2;
+  int64_t u = u0;
+  for (; u + U <= u1; u += U)
+    micro<MR, U>(x, wp + u * stride, K2, y + u * kUnit, N,
+                 std::min<int64_t>(U * kUnit, N - u * kUnit));
+  for (; u < u1; ++u)
+    micro<MR, 1>(x, wp + u * stride, K2, y + u * kUnit, N,
+                 std::min<int64_t>(kUnit, N - u * kUnit));
+}
+
+using RowsFn = void (*)(const int32_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,
+                        int64_t);
+constexpr int kMaxRows = 8;
+constexpr RowsFn kRows[kMaxRows] = {rows<1>, rows<2>, rows<3>, rows<4>,
+                                    rows<5>, rows<6>, rows<7>, rows<8>};
+
+}  // namespace
+#endif
+
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N) {
+#ifndef DSPARK_BF16_LINEAR
+  TORCH_CHECK(false, "linear_bf16: this build has no AVX512-BF16 kernel");
+#else
+  TORCH_CHECK(x.dim() == 2 && wp.dim() == 4 && wp.size(2) == kUnit && wp.size(3) == 2,
+              "linear_bf16: x [M, K] and a packed wp [units, K / 2, 16, 2]");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kBFloat16,
+              "linear_bf16: bfloat16 only");
+  TORCH_CHECK(x.size(1) == 2 * wp.size(1), "linear_bf16: x has ", x.size(1),
+              " columns, the weight has ", 2 * wp.size(1));
+  TORCH_CHECK(N > (wp.size(0) - 1) * kUnit && N <= wp.size(0) * kUnit,
+              "linear_bf16: N=", N, " does not match ", wp.size(0), " units");
+  TORCH_CHECK(x.is_contiguous() && wp.is_contiguous(), "linear_bf16: contiguous inputs");
+  const int64_t M = x.size(0), K2 = wp.size(1), units = wp.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const int32_t* xp = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
+  const uint16_t* wpp = reinterpret_cast<const uint16_t*>(wp.data_ptr<at::BFloat16>());
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  // units per L2-resident group: ~256 KiB of weights
+  const int64_t group = std::max<int64_t>(1, (256 * 1024) / (K2 * kUnit * 4));
+  at::parallel_for(0, units, 1, [&](int64_t a, int64_t b) {
+    for (int64_t g0 = a; g0 < b; g0 += group) {
+      const int64_t g1 = std::min(b, g0 + group);
+      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+        const int64_t mc = std::min<int64_t>(kMaxRows, M - m0);
+        kRows[mc - 1](xp + m0 * K2, wpp, yp + m0 * N, K2, N, g0, g1);
+      }
+    }
+  });
+  return y;
+#endif
+}
