@@ -56,6 +56,11 @@ torch::Tensor pack_bf16_weight(torch::Tensor w) {
 #ifdef DSPARK_BF16_LINEAR
 namespace {
 
+// Software prefetch distance in pairs (1 KiB ahead in each unit's stream): the
+// hardware prefetcher alone leaves an 8-row pass waiting on memory (over the
+// default model's layers, 8 rows 10.5 -> 9.4 ms, 1 row 8.7 -> 8.3).
+constexpr int64_t kPrefetch = 16;
+
 // MR rows of x (row stride K, in pairs: int32 each) against U consecutive units.
 template <int MR, int U>
 inline void micro(const int32_t* x, const uint16_t* wp, int64_t K2, uint16_t* y, int64_t ldy,
@@ -66,8 +71,12 @@ inline void micro(const int32_t* x, const uint16_t* wp, int64_t K2, uint16_t* y,
   const int64_t stride = K2 * kUnit * 2;  // bf16 elements per unit
   for (int64_t p = 0; p < K2; ++p) {
     __m512bh w[U];
-    for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u) {
       w[u] = (__m512bh)_mm512_loadu_si512(wp + u * stride + p * kUnit * 2);
+      // the line kPrefetch pairs ahead (a hint: past the end it does not fault)
+      _mm_prefetch(reinterpret_cast<const char*>(wp + u * stride + (p + kPrefetch) * kUnit * 2),
+                   _MM_HINT_T0);
+    }
     for (int m = 0; m < MR; ++m) {
       const __m512bh xs = (__m512bh)_mm512_set1_epi32(x[m * K2 + p]);
       for (int u = 0; u < U; ++u) acc[m][u] = _mm512_dpbf16_ps(acc[m][u], xs, w[u]);
