@@ -269,3 +269,31 @@ def test_row_ops_match_pytorch(t, d):
     assert torch.equal(lin.rms_norm(x[t // 2:t // 2 + 1], w, 1e-5),
                        lin.rms_norm(x, w, 1e-5)[t // 2:t // 2 + 1])
     assert torch.equal(lin.silu_mul(gu[-1:]), got[-1:])
+
+
+@needs_ext
+@pytest.mark.parametrize("t,d", [(1, 576), (8, 64), (33, 37), (300, 576)])
+def test_bf16_row_ops_match_pytorch(t, d):
+    """RMSNorm and the SwiGLU product in bf16 (the native bf16 worker's): the
+    float result rounded once, so within one bf16 step of PyTorch's (which rounds
+    between its ops); NaN stays NaN, the exp tails stay finite; rows on their own."""
+    lin = native_linear.Bf16Linear(EXT)
+    x, w = (_rand(t, d, seed=8) * 3).bfloat16(), (1 + _rand(d, seed=9) * 0.1).bfloat16()
+    ref = F.rms_norm(x.float(), (d,), w.float(), 1e-5)
+    got = lin.rms_norm(x, w, 1e-5)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), ref, atol=1e-2, rtol=2 ** -8)
+    assert (got.float() - ref).abs().max() <= (ref.abs() * 2 ** -8).max()
+    gu = (_rand(t, 2 * d, seed=10) * 4).bfloat16()
+    gu[0, :4] = torch.tensor([-200.0, -90.0, 90.0, 200.0])
+    gate, up = gu.float().chunk(2, dim=-1)
+    out = lin.silu_mul(gu)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), F.silu(gate) * up, atol=1e-2, rtol=2 ** -8)
+    assert torch.equal(lin.rms_norm(x[t // 2:t // 2 + 1], w, 1e-5), got[t // 2:t // 2 + 1])
+    assert torch.equal(lin.silu_mul(gu[-1:]), out[-1:])
+    nan = x.clone()
+    nan[0, 0] = float("nan")
+    assert torch.isnan(lin.rms_norm(nan, w, 1e-5)[0]).all()
+    with pytest.raises(RuntimeError, match="x and w alike"):
+        EXT.rms_norm_rows(x, w.float(), 1e-5)

@@ -199,8 +199,7 @@ class Llama(torch.nn.Module):
         if pack and rows_linear is not None and self.embed.dtype == rows_linear.dtype and \
                 self.embed.device.type == "cpu":
             self.packing = (rows_linear.pack, rows_linear)
-            if rows_linear.rms_norm is not None:
-                self.rms_norm, self.silu_mul = rows_linear.rms_norm, rows_linear.silu_mul
+            self.rms_norm, self.silu_mul = rows_linear.rms_norm, rows_linear.silu_mul
         elif pack and use_packed_linear(self.embed):
             self.packing = (pack_weight, packed_linear)
             if self.embed.dtype == torch.bfloat16 and \

@@ -89,8 +89,8 @@ class RowsLinear:
 class Bf16Linear:
     """``linear(x, w)`` and ``pack(w)`` over the AVX512-BF16 kernel
     (``native/linear_bf16.cpp``): bf16 weights and activations, float sums,
-    a row's result independent of the batch. RMSNorm and the SwiGLU product
-    stay PyTorch's (elementwise per row)."""
+    a row's result independent of the batch; with the native RMSNorm and
+    SwiGLU product in bf16 (computed in float, rounded once)."""
 
     dtype = torch.bfloat16
 
@@ -103,8 +103,13 @@ class Bf16Linear:
             w = torch.nn.functional.pad(w, (0, 1))
         return RowsWeight(self.ext.pack_bf16_weight(w.contiguous()), int(w.shape[0]))
 
-    rms_norm = None  # the model keeps its own (PyTorch) RMSNorm and SwiGLU
-    silu_mul = None
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        """F.rms_norm(x, (d,), w, eps) for bf16 x [T, d] (``native/row_ops.cpp``)."""
+        return self.ext.rms_norm_rows(x.contiguous(), w, eps)
+
+    def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """[gate | up] [T, 2I] -> F.silu(gate) * up, bf16."""
+        return self.ext.silu_mul_rows(gu.contiguous())
 
     def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
         lead, dt = x.shape[:-1], x.dtype
