@@ -81,6 +81,8 @@ class RowsLinear:
         return self.ext.silu_mul_rows(gu.contiguous())
 
     def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
+        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
+            return self.ext.linear_rows(x, w.wp, w.n)  # the serving case: no wrapping ops
         lead, dt = x.shape[:-1], x.dtype
         y = self.ext.linear_rows(x.reshape(-1, x.shape[-1]).float().contiguous(), w.wp, w.n)
         return y.view(*lead, w.n).to(dt)
@@ -112,6 +114,9 @@ class Bf16Linear:
         return self.ext.silu_mul_rows(gu.contiguous())
 
     def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
+        if x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous() and \
+                not x.shape[1] % 2:
+            return self.ext.linear_bf16(x, w.wp, w.n)  # the serving case: no wrapping ops
         lead, dt = x.shape[:-1], x.dtype
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if x2.shape[1] % 2:
