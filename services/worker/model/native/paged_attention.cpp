@@ -27,6 +27,10 @@
 
 #include "vec_exp.h"
 
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 // GCC/Clang vector extensions of the machine's native width: 16 fp32 lanes with
@@ -105,6 +109,71 @@ inline void value_tile_any(const float* w, const float* vt, int64_t nt, float* a
   }
 }
 
+// ktile[d * kW + u] = rows[u * hd + d] for u < kW, d < hd: a tile of kW = 16
+// key rows (in float, row-major) transposed, in registers where the machine
+// has the shuffles (16x16 blocks with AVX-512, 8x8 with AVX): ~1 shuffle per
+// element instead of a scalar load and store.
+#if defined(__AVX512F__)
+inline void transpose_tile(const float* rows, int64_t hd, float* ktile) {
+  static_assert(kW == 16, "one 16x16 block per 16 dimensions");
+  for (int64_t c0 = 0; c0 < hd; c0 += 16) {
+    __m512 r[16], t[16], u[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(rows + i * hd + c0);
+    for (int i = 0; i < 8; ++i) {  // per 128-bit lane L: rows 2i, 2i+1 at 4L..4L+3
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {  // u[4i + e], lane L: rows 4i..4i+3 at column 4L + e
+      const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+      const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+      u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+      u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+      u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    for (int e = 0; e < 4; ++e) {  // column 4L + e: lane L of u[e], u[4+e], u[8+e], u[12+e]
+      const __m512 a0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x88);  // L0, L2 of each
+      const __m512 a1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xDD);  // L1, L3
+      const __m512 b0 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x88);
+      const __m512 b1 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xDD);
+      _mm512_storeu_ps(ktile + (c0 + e) * kW, _mm512_shuffle_f32x4(a0, b0, 0x88));
+      _mm512_storeu_ps(ktile + (c0 + 8 + e) * kW, _mm512_shuffle_f32x4(a0, b0, 0xDD));
+      _mm512_storeu_ps(ktile + (c0 + 4 + e) * kW, _mm512_shuffle_f32x4(a1, b1, 0x88));
+      _mm512_storeu_ps(ktile + (c0 + 12 + e) * kW, _mm512_shuffle_f32x4(a1, b1, 0xDD));
+    }
+  }
+}
+#elif defined(__AVX__)
+inline void transpose_tile(const float* rows, int64_t hd, float* ktile) {
+  static_assert(kW == 16, "two 8x8 blocks (keys 0-7, 8-15) per 8 dimensions");
+  for (int64_t c0 = 0; c0 < hd; c0 += 8)
+    for (int k0 = 0; k0 < 16; k0 += 8) {
+      __m256 r[8], t[8], s[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + (k0 + i) * hd + c0);
+      for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+      }
+      for (int i = 0; i < 2; ++i) {
+        s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+      }
+      for (int e = 0; e < 4; ++e) {
+        _mm256_storeu_ps(ktile + (c0 + e) * kW + k0, _mm256_permute2f128_ps(s[e], s[4 + e], 0x20));
+        _mm256_storeu_ps(ktile + (c0 + 4 + e) * kW + k0,
+                         _mm256_permute2f128_ps(s[e], s[4 + e], 0x31));
+      }
+    }
+}
+#else
+inline void transpose_tile(const float* rows, int64_t hd, float* ktile) {
+  for (int u = 0; u < kW; ++u)
+    for (int64_t d = 0; d < hd; ++d) ktile[d * kW + u] = rows[u * hd + d];
+}
+#endif
+
 template <typename T>
 inline void to_float(const T* __restrict src, float* __restrict dst, int64_t n) {
   for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
@@ -150,7 +219,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
   at::parallel_for(0, n_seqs * n_kv, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> qf, scores, acc;
     std::vector<float> ktile(kW * hd);     // a tile of kW key rows, transposed
-    std::vector<float> krow(hd);
+    std::vector<float> krows(kW * hd);     // the same rows in float, row-major
     std::vector<float> vtile(kW * hd);     // a tile of kW value rows
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t b = task / n_kv, j = task % n_kv;
@@ -180,11 +249,9 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
       for (int64_t t0 = 0; t0 < n_keys; t0 += kW) {
         const int64_t nt = std::min<int64_t>(kW, n_keys - t0);
         prefetch(kp, t0 + kW, std::min<int64_t>(n_keys, t0 + 2 * kW));
-        if (nt < kW) std::fill(ktile.begin(), ktile.end(), 0.f);
-        for (int64_t u = 0; u < nt; ++u) {
-          to_float(at(kp, t0 + u), krow.data(), hd);
-          for (int64_t d = 0; d < hd; ++d) ktile[d * kW + u] = krow[d];
-        }
+        if (nt < kW) std::fill(krows.begin() + nt * hd, krows.end(), 0.f);
+        for (int64_t u = 0; u < nt; ++u) to_float(at(kp, t0 + u), krows.data() + u * hd, hd);
+        transpose_tile(krows.data(), hd, ktile.data());
         int64_t r = 0;
         for (; r + 4 <= m; r += 4)
           score_tile<4>(qf.data() + r * hd, hd, ktile.data(), sc,
