@@ -311,8 +311,8 @@ def plot(result: dict, path: Path) -> bool:
         ax2.set_ylim(0, 1)
         tau = result["k7"].get("mean_accepted_length")
         tauc = (result.get("k7c") or {}).get("mean_accepted_length")
-        extra = f", confidence-scheduled {tauc:.2f}" if tauc else ""
-        ax2.set_title(f"Per-position acceptance, batch 1 (tau = {tau:.2f}{extra})")
+        extra = f"\nconfidence-scheduled: {tauc:.2f} on the steps it verified" if tauc else ""
+        ax2.set_title(f"Per-position acceptance, batch 1 (tau = {tau:.2f}){extra}")
         ax2.set_xlabel("draft position k")
         ax2.set_ylabel("P(k accepted | 1..k-1 accepted)")
     fig.tight_layout()
