@@ -125,11 +125,13 @@ class Bf16Linear:
         return y.view(*lead, w.n).to(dt)
 
 
-def resolve(backend: str, device: torch.device, dtype: torch.dtype) -> RowsLinear | None:
-    """The native linear for a worker's ``--linear`` choice, or None (oneDNN or
-    F.linear). "auto" only loads kernels already built, so a worker never spends
-    its start-up compiling; "native" builds them when missing, and one that
-    cannot be had (another device or dtype, no compiler) is a start-up error."""
+def resolve(backend: str, device: torch.device,
+            dtype: torch.dtype) -> RowsLinear | Bf16Linear | None:
+    """The native linear (fp32, or bf16 on AVX512-BF16) for a worker's
+    ``--linear`` choice, or None (oneDNN or F.linear). "auto" only loads kernels
+    already built, so a worker never spends its start-up compiling; "native"
+    builds them when missing, and one that cannot be had (another device or
+    dtype, a CPU without AVX512-BF16 for bf16, no compiler) is a start-up error."""
     if backend not in BACKENDS:
         raise ValueError(f"linear={backend!r} is invalid: must be one of {', '.join(BACKENDS)}")
     if backend == "torch":
