@@ -35,7 +35,7 @@ import torch
 _DIR = Path(__file__).resolve().parent / "native"
 SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "linear_rows.cpp",
                                     "linear_bf16.cpp", "row_ops.cpp"))
-HEADERS = (_DIR / "vec_exp.h",)  # included by the sources: part of the build key
+HEADERS = (_DIR / "vec_exp.h", _DIR / "linear_units.h")  # included: part of the build key
 NAME = "dspark_native"
 BACKENDS = ("auto", "native", "torch")
 

@@ -18,11 +18,12 @@
 // bf16 once, whatever the number of rows: a row's result does not depend on the
 // batch it runs in.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+
+#include "linear_units.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -37,9 +38,7 @@ bool has_linear_bf16() {
 #endif
 }
 
-namespace {
-constexpr int64_t kUnit = 16;  // outputs per packed unit
-}
+using dspark_linear::kUnit;
 
 // w [N, K] bf16 (K even) -> [ceil(N / 16), K / 2, 16, 2] (padding outputs are zero).
 torch::Tensor pack_bf16_weight(torch::Tensor w) {
@@ -102,14 +101,10 @@ void rows(const int32_t* x, const uint16_t* wp, uint16_t* y, int64_t K2, int64_t
           int64_t u1) {
   // registers: MR * U sums + U weights + 1 broadcast within 32
   constexpr int U = MR <= 2 ? 8 : (MR <= 4 ? 6 : (MR <= 6 ? 4 : 3));
-  const int64_t stride = K2 * kUnit * 2;
-  int64_t u = u0;
-  for (; u + U <= u1; u += U)
-    micro<MR, U>(x, wp + u * stride, K2, y + u * kUnit, N,
-                 std::min<int64_t>(U * kUnit, N - u * kUnit));
-  for (; u < u1; ++u)
-    micro<MR, 1>(x, wp + u * stride, K2, y + u * kUnit, N,
-                 std::min<int64_t>(kUnit, N - u * kUnit));
+  dspark_linear::over_units<U>(u0, u1, N, [&](auto units, int64_t u, int64_t n_valid) {
+    micro<MR, decltype(units)::value>(x, wp + u * K2 * kUnit * 2, K2, y + u * kUnit, N,
+                                      n_valid);
+  });
 }
 
 using RowsFn = void (*)(const int32_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,
@@ -140,16 +135,10 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N) {
   const int32_t* xp = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
   const uint16_t* wpp = reinterpret_cast<const uint16_t*>(wp.data_ptr<at::BFloat16>());
   uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  // units per L2-resident group: ~256 KiB of weights
-  const int64_t group = std::max<int64_t>(1, (256 * 1024) / (K2 * kUnit * 4));
-  at::parallel_for(0, units, 1, [&](int64_t a, int64_t b) {
-    for (int64_t g0 = a; g0 < b; g0 += group) {
-      const int64_t g1 = std::min(b, g0 + group);
-      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-        const int64_t mc = std::min<int64_t>(kMaxRows, M - m0);
-        kRows[mc - 1](xp + m0 * K2, wpp, yp + m0 * N, K2, N, g0, g1);
-      }
-    }
+  // groups of ~256 KiB of weights in L2 (a unit: K2 pairs x 16 outputs x 4 bytes)
+  dspark_linear::parallel_units(M, units, K2 * kUnit * 4, 256 * 1024, kMaxRows,
+                                [&](int64_t mc, int64_t m0, int64_t g0, int64_t g1) {
+    kRows[mc - 1](xp + m0 * K2, wpp, yp + m0 * N, K2, N, g0, g1);
   });
   return y;
 #endif

@@ -16,16 +16,17 @@
 // not depend on the batch it runs in (a verify window row equals the same row
 // decoded alone, bit for bit).
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "linear_units.h"
+
 namespace {
 
+using dspark_linear::kUnit;
 typedef float f8v __attribute__((vector_size(32)));  // one AVX2 register
-constexpr int64_t kUnit = 16;                         // outputs per packed unit
 
 inline f8v ld8(const float* p) {
   f8v v;
@@ -70,14 +71,9 @@ void rows(const float* x, const float* wp, float* y, int64_t K, int64_t N, int64
           int64_t u1) {
   // registers: MR * 2U sums + 2U weight vectors + 1 broadcast within 16
   constexpr int U = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
-  const int64_t stride = K * kUnit;
-  int64_t u = u0;
-  for (; u + U <= u1; u += U)
-    micro<MR, U>(x, wp + u * stride, K, y + u * kUnit, N,
-                 std::min<int64_t>(U * kUnit, N - u * kUnit));
-  for (; u < u1; ++u)
-    micro<MR, 1>(x, wp + u * stride, K, y + u * kUnit, N,
-                 std::min<int64_t>(kUnit, N - u * kUnit));
+  dspark_linear::over_units<U>(u0, u1, N, [&](auto units, int64_t u, int64_t n_valid) {
+    micro<MR, decltype(units)::value>(x, wp + u * K * kUnit, K, y + u * kUnit, N, n_valid);
+  });
 }
 
 using RowsFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t,
@@ -113,16 +109,10 @@ torch::Tensor linear_rows(torch::Tensor x, torch::Tensor wp, int64_t N) {
   const float* xp = x.data_ptr<float>();
   const float* wpp = wp.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // units per L2-resident group: ~192 KiB of weights
-  const int64_t group = std::max<int64_t>(1, (192 * 1024) / (K * kUnit * 4));
-  at::parallel_for(0, units, 1, [&](int64_t a, int64_t b) {
-    for (int64_t g0 = a; g0 < b; g0 += group) {
-      const int64_t g1 = std::min(b, g0 + group);
-      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-        const int64_t mc = std::min<int64_t>(kMaxRows, M - m0);
-        kRows[mc - 1](xp + m0 * K, wpp, yp + m0 * N, K, N, g0, g1);
-      }
-    }
+  // groups of ~192 KiB of weights in L2
+  dspark_linear::parallel_units(M, units, K * kUnit * 4, 192 * 1024, kMaxRows,
+                                [&](int64_t mc, int64_t m0, int64_t g0, int64_t g1) {
+    kRows[mc - 1](xp + m0 * K, wpp, yp + m0 * N, K, N, g0, g1);
   });
   return y;
 }
