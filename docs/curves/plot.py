@@ -20,11 +20,14 @@ OFFSETS = {"s12-d3": (1.05e6 + 216_318, 106 + 95),
            "s13-t1": (1.05e6 + 216_318 + 590_000, 106 + 95 + 80),
            "s14-t1": (1.05e6 + 216_318 + 590_000 + 268_302, 106 + 95 + 80 + 34),
            "s15-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645,
+                      106 + 95 + 80 + 34 + 40),
+           "s16-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645,
                       106 + 95 + 80 + 34 + 40)}
 # file stem -> legend label (the card's names for the runs)
 RUNS = {
+    "s16-t1": "s16: warm from s14, + answers to synthetic prompts (shipped)",
     "s15-t1": "s15: warm from s14, all 2,747 T = 1 answers (a candidate)",
-    "s14-t1": "s14: warm from s13, half the draws T = 1 answers (shipped)",
+    "s14-t1": "s14: warm from s13, half the draws T = 1 answers (shipped before)",
     "s13-t1": "s13: warm from s12 + the first T = 1 answers (a candidate)",
     "s12-d3": "s12: warm from s10 + a 2nd pass, 2x the answers (new held-out set)",
     "s10-mix": "s10: from scratch, answers + prompts' text",
