@@ -43,11 +43,13 @@ def test_synth_prompts_are_seeded_and_match_the_committed_files(tmp_path, monkey
 
 
 def test_synth_prompts_share_nothing_with_the_eval_sets():
+    """Both rounds (synth_prompts.py and synth_prompts2.py)."""
     if not EVAL.is_dir():
         pytest.skip(f"no eval prompt sets at {EVAL}")
     evals = [t for f in EVAL.glob("*.jsonl") for t in _read(f)]
-    synth = [t for f in (ROOT / "data/prompts-synth").glob("*.jsonl") for t in _read(f)]
-    assert len(synth) > 2000
+    synth = [t for d in ("prompts-synth", "prompts-synth2")
+             for f in (ROOT / "data" / d).glob("*.jsonl") for t in _read(f)]
+    assert len(synth) > 4000
     eval_set = set(evals)
     assert not [s for s in synth if s in eval_set]
     # no line of an eval problem inside a synthetic prompt (the stubs quote stdlib
@@ -58,3 +60,49 @@ def test_synth_prompts_share_nothing_with_the_eval_sets():
     assert len(problem) > 1000
     synth_lines = {ln.strip() for s in synth for ln in s.split("\n")}
     assert not sorted(problem & synth_lines)[:5]
+
+
+def _load2():
+    spec = importlib.util.spec_from_file_location(
+        "synth_prompts2", ROOT / "scripts/drafter/synth_prompts2.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_second_round_is_seeded_and_matches_the_committed_files(tmp_path, monkeypatch):
+    mod = _load2()
+    monkeypatch.setattr("sys.argv", ["synth_prompts2.py", str(tmp_path)])
+    assert mod.main() == 0
+    sizes = {p.stem: len(_read(p)) for p in tmp_path.glob("*.jsonl")}
+    assert sizes["synth2-chat"] == 1000 and sizes["synth2-math"] == 250
+    assert sizes["synth2-heval"] >= 300 and sizes["synth2-explain"] >= 150
+    # everything but the stdlib sources (drawn last, version-dependent) is reproduced
+    committed = ROOT / "data/prompts-synth2"
+    for name in ("synth2-chat", "synth2-heval", "synth2-math"):
+        assert _read(tmp_path / f"{name}.jsonl") == _read(committed / f"{name}.jsonl")
+    # no overlap with the first round
+    first = {t for f in (ROOT / "data/prompts-synth").glob("*.jsonl") for t in _read(f)}
+    assert not first & {t for f in committed.glob("*.jsonl") for t in _read(f)}
+
+
+def test_second_round_stub_examples_are_the_reference_answers():
+    """The doctest examples in the typed stubs are what a correct solution
+    returns (checked here against independent implementations of a few)."""
+    mod = _load2()
+    by_name = {s[0]: s for s in mod.STUBS}
+    assert len(by_name) == len(mod.STUBS) >= 30
+    checks = {"sum_of_evens": ([1, 2, 3, 4, -6], 0), "running_max": ([3, 1, 4, 1, 5], [3, 3, 4, 4, 5]),
+              "rotate_left": (([1, 2, 3, 4], 1), [2, 3, 4, 1]), "to_binary": (5, "101"),
+              "collatz_steps": (6, 8), "nested_depth": ("(())(()())", 2),
+              "caesar_shift": (("xyz", 2), "zab"), "closest_to_zero": ([-2, 2, 5], 2),
+              "count_islands_1d": ([1, 1, 0, 1, 0, 0, 1], 3),
+              "triangle_type": ((5, 5, 8), "isosceles")}
+    for name, (args, want) in checks.items():
+        args = args if isinstance(args, tuple) else (args,)
+        assert by_name[name][4](*args) == want, name
+    import random
+    prompts = mod.heval_prompts(random.Random(3), 2)
+    assert len(prompts) > len(mod.STUBS)
+    p = next(p for p in prompts if "def sum_of_evens(" in p)
+    assert "from typing import List" in p and ">>> sum_of_evens([" in p
