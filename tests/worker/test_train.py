@@ -117,6 +117,42 @@ def test_training_lowers_loss_and_is_deterministic(target):
     assert "[train] step 25/25" in log.getvalue()
 
 
+def test_bf16_feature_target_makes_the_training_features(tiny_model_dir, target):
+    """feature_llama (`--feature-dtype bfloat16`): the training sequences'
+    features come from the bf16 copy (tap rows in bf16, within its rounding of
+    the fp32 ones), the held-out set is still scored on the fp32 target, and
+    training still learns."""
+    from dspark.worker.model.llama import load_llama
+
+    t16 = load_llama(tiny_model_dir, torch.bfloat16, torch.device("cpu"), max_len=64)
+    tr = Trainer(target, "tiny-llama", records(), cfg(max_steps=1, lr=1e-9), log=io.StringIO(),
+                 feature_llama=t16)
+    f16 = tr.features(0)
+    f32 = target_features(target, tr.seqs[0][2], TAPS, logits_from=tr.seqs[0][1])
+    assert f16.taps.dtype == torch.bfloat16 and f32.taps.dtype == torch.float32
+    assert not torch.equal(f16.taps.float(), f32.taps)
+    rel = float((f16.taps.float() - f32.taps).norm() / f32.taps.norm())
+    assert rel < 0.03, rel  # bf16 rounding through three layers, not another forward
+    assert (f16.argmax[tr.seqs[0][1]:] == f32.argmax[tr.seqs[0][1]:]).float().mean() > 0.8
+    held = [dict(r, split="heldout") for r in records(2, seed=5)]
+    tr.set_heldout(held)
+    # held-out items are prepared from the fp32 target: equal to a run without the copy
+    ref = Trainer(target, "tiny-llama", records(), cfg(max_steps=1, lr=1e-9), log=io.StringIO())
+    ref.set_heldout(held)
+    assert len(tr.heldout_items) == len(ref.heldout_items) > 0
+    for (fa, ids_a, ps_a), (fb, ids_b, ps_b) in zip(tr.heldout_items, ref.heldout_items):
+        assert fa.taps.dtype == torch.float32 and torch.equal(fa.taps, fb.taps)
+        assert (ids_a, ps_a) == (ids_b, ps_b)
+    s = train(target, "tiny-llama", records(), cfg(max_steps=25), log=io.StringIO(),
+              feature_llama=t16)
+    fixed = make_batch([(f32, tr.seqs[0][2], list(range(tr.seqs[0][1], len(tr.seqs[0][2]) - 1)))],
+                       K, W, torch.float32)
+    with torch.no_grad():
+        before = float(tr.drafter.eval().loss(**fixed)[0])
+        after = float(s["drafter"].eval().loss(**fixed)[0])
+    assert after < 0.9 * before
+
+
 def test_resume_continues_and_matches_uninterrupted(target, tmp_path):
     full = train(target, "tiny-llama", records(), cfg(max_steps=6), log=io.StringIO())
     out = tmp_path / "ckpt"

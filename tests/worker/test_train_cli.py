@@ -192,3 +192,15 @@ def test_offline_commands_share_their_setup(tiny_model_dir, monkeypatch):
         assert called == [1] and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_feature_dtype_bfloat16_trains_and_says_so(tiny, tmp_path, capsys):
+    model, data = tiny
+    out = tmp_path / "a"
+    assert dspark_main(_args(model, data, out, "--max-steps", "3",
+                             "--feature-dtype", "bfloat16")) == 0
+    err = capsys.readouterr().err
+    assert "training features in bfloat16" in err and "held-out features stay float32" in err
+    assert (out / "drafter.safetensors").is_file()
+    with pytest.raises(SystemExit):  # argparse: only the two dtypes
+        dspark_main(_args(model, data, tmp_path / "b", "--feature-dtype", "float16"))

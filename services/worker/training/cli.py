@@ -42,9 +42,28 @@ def main(args) -> int:
         print(f"train-drafter: no training data (no records in {data} and no --text-tokens)",
               file=sys.stderr)
         return 1
-    # The target runs in fp32 for training: on CPUs without AMX its prefill-sized
-    # forwards are faster than bf16 ones, and the soft labels are exact.
+    # The target runs in fp32 for training: its embedding and LM head are bound
+    # into the drafter's loss, and the held-out tau stays comparable across runs.
     llama = load_llama(model_dir, torch.float32, device, max_len=args.max_seq_len)
+    feature_llama = None
+    if args.feature_dtype == "bfloat16":
+        # The training sequences' features (tap rows, soft labels) from a second,
+        # bf16 copy of the target: the features are ~80% of a step in fp32, and
+        # the default serving dtype is bf16 anyway. On a CPU its linears are the
+        # native bf16 kernel when built (AVX512-BF16), oneDNN's otherwise.
+        from dspark.worker.model import native_linear
+
+        try:
+            rows_linear = native_linear.resolve("auto", device, torch.bfloat16)
+        except (RuntimeError, ValueError) as e:
+            print(f"train-drafter: --feature-dtype bfloat16: {e}", file=sys.stderr)
+            return 2
+        feature_llama = load_llama(model_dir, torch.bfloat16, device,
+                                   max_len=args.max_seq_len, pack=device.type == "cpu",
+                                   rows_linear=rows_linear)
+        print(f"[train] training features in bfloat16 ("
+              f"{'native bf16 linears' if rows_linear is not None else 'default linears'}); "
+              f"held-out features stay float32", file=sys.stderr)
     if args.text_tokens:
         from tokenizers import Tokenizer
 
@@ -105,7 +124,7 @@ def main(args) -> int:
           f"{'resuming from ' + str(out) if resume else ('weights from ' + args.init_from) if init else 'fresh drafter'}",
           file=sys.stderr)
     tr = Trainer(llama, model_fingerprint(model_dir), train_recs, cfg, drafter=init,
-                 resume_dir=resume)
+                 resume_dir=resume, feature_llama=feature_llama)
     if tr.drafter.draft_vocab is not None and held:
         vocab = set(tr.drafter.draft_vocab.tolist())
         toks = [t for r in held for t in r["output_ids"]]
@@ -238,6 +257,10 @@ def add_parser(sub) -> None:
                         "(instead of this run's most frequent tokens)")
     t.add_argument("--eval-every-tokens", type=int, default=0,
                    help="learning curve: held-out tau every N new labelled tokens")
+    t.add_argument("--feature-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype of the target forwards that make the training features "
+                        "(bfloat16: ~3x faster on an AVX512-BF16 CPU; labels follow the "
+                        "bf16 target; held-out tau is always scored on float32 features)")
     t.add_argument("--json", default=None, help="write the stats here")
     t.set_defaults(fn=main)
 

@@ -222,9 +222,14 @@ def bind_for_training(drafter: DSparkDrafter, llama) -> DSparkDrafter:
 class Trainer:
     def __init__(self, llama, target_model_id: str, records, cfg: TrainConfig,
                  drafter: DSparkDrafter | None = None, log=sys.stderr,
-                 resume_dir: str | Path | None = None):
+                 resume_dir: str | Path | None = None, feature_llama=None):
+        """feature_llama: the target copy whose forwards make the training
+        sequences' features (default ``llama``; e.g. a bf16 copy, faster on a
+        CPU); ``llama`` (float32) keeps the embedding and LM head the loss binds
+        and scores the held-out set."""
         cfg.validate()
         self.llama, self.cfg, self.log = llama, cfg, log
+        self.feature_llama = feature_llama if feature_llama is not None else llama
         self.target_model_id = target_model_id
         dev = llama.embed.device
         max_len = min(cfg.max_seq_len or llama.cos.shape[0], llama.cos.shape[0])
@@ -357,7 +362,7 @@ class Trainer:
             self._cache.move_to_end(i)
             return f
         _, plen, ids = self.seqs[i]  # anchors p >= plen: p_t needed only from plen on
-        f = target_features(self.llama, ids, self.drafter.config.target_layer_ids,
+        f = target_features(self.feature_llama, ids, self.drafter.config.target_layer_ids,
                             chunk=self.cfg.chunk, topk=self.cfg.topk, logits_from=plen)
         self.tokens_seen += len(ids)
         if i not in self.visited:
@@ -537,14 +542,16 @@ class Trainer:
 
 def train(llama, target_model_id: str, records, cfg: TrainConfig,
           drafter: DSparkDrafter | None = None, log=sys.stderr,
-          resume_dir: str | Path | None = None) -> dict:
+          resume_dir: str | Path | None = None, feature_llama=None) -> dict:
     """Train (or continue training) a drafter; returns stats (``drafter`` key: the model).
 
     records: selfgen records ({"prompt_ids", "output_ids", ...}); drafter: start from
     this one (default: a fresh one from ``cfg.drafter_overrides``); resume_dir: a
-    checkpoint written by this trainer (its drafter, optimizer, step and RNG state).
+    checkpoint written by this trainer (its drafter, optimizer, step and RNG state);
+    feature_llama: see ``Trainer``.
     """
-    tr = Trainer(llama, target_model_id, records, cfg, drafter, log, resume_dir)
+    tr = Trainer(llama, target_model_id, records, cfg, drafter, log, resume_dir,
+                 feature_llama=feature_llama)
     stats = tr.run()
     stats["drafter"] = tr.drafter
     return stats
