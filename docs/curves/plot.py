@@ -24,11 +24,14 @@ OFFSETS = {"s12-d3": (1.05e6 + 216_318, 106 + 95),
            "s16-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645,
                       106 + 95 + 80 + 34 + 40),
            "s17-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645 + 686_247,
+                      106 + 95 + 80 + 34 + 40 + 55),
+           "s18-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645 + 686_247,
                       106 + 95 + 80 + 34 + 40 + 55)}
 # file stem -> legend label (the card's names for the runs)
 RUNS = {
+    "s18-t1": "s18: warm from s16, + answers to a 2nd round of synthetic prompts (shipped)",
     "s17-t1": "s17: warm from s16, same mix, 30 min more (a candidate)",
-    "s16-t1": "s16: warm from s14, + answers to synthetic prompts (shipped)",
+    "s16-t1": "s16: warm from s14, + answers to synthetic prompts (shipped before)",
     "s15-t1": "s15: warm from s14, all 2,747 T = 1 answers (a candidate)",
     "s14-t1": "s14: warm from s13, half the draws T = 1 answers (shipped before)",
     "s13-t1": "s13: warm from s12 + the first T = 1 answers (a candidate)",
