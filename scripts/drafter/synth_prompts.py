@@ -320,9 +320,15 @@ def main() -> int:
     rng = random.Random(seed)
     sets = {"synth-chat": chat_prompts(rng, 1400), "synth-pyfunc": func_prompts(rng, 500),
             "synth-stubs": stub_prompts(rng, 400), "synth-math": math_prompts(rng, 250)}
-    # a short template task can coincide with an eval prompt ("Write a function to
-    # find the volume of a sphere."): never train on one (dropped after drawing, so
-    # the other prompts stay the same)
+    write_sets(out, sets)
+    return 0
+
+
+def write_sets(out: Path, sets: dict[str, list[str]]) -> None:
+    """One {"turns": [prompt]} JSONL file per set. A short template task can
+    coincide with an eval prompt ("Write a function to find the volume of a
+    sphere."): never train on one (dropped after drawing, so the other prompts
+    stay the same)."""
     evals = eval_prompts()
     out.mkdir(parents=True, exist_ok=True)
     for name, prompts in sets.items():
@@ -330,7 +336,6 @@ def main() -> int:
         (out / f"{name}.jsonl").write_text(
             "".join(json.dumps({"turns": [p]}) + "\n" for p in prompts), encoding="utf-8")
         print(f"{name}: {len(prompts)} prompts", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import random
 import sys
 import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synth_prompts import NAMES, CITIES, ITEMS, eval_prompts, split_list  # noqa: E402
+from synth_prompts import ITEMS, NAMES, split_list, write_sets  # noqa: E402
 
 TOPICS2 = """
 a night train across Europe|the history of coffee|learning to swim as an adult|a neighborhood cleanup|
@@ -357,13 +356,7 @@ def main() -> int:
     rng = random.Random(seed)
     sets = {"synth2-chat": chat2_prompts(rng, 1000), "synth2-heval": heval_prompts(rng, 10),
             "synth2-math": math2_prompts(rng, 250), "synth2-explain": explain_prompts(rng, 300)}
-    evals = eval_prompts()
-    out.mkdir(parents=True, exist_ok=True)
-    for name, prompts in sets.items():
-        prompts = [p for p in prompts if p not in evals]
-        (out / f"{name}.jsonl").write_text(
-            "".join(json.dumps({"turns": [p]}) + "\n" for p in prompts), encoding="utf-8")
-        print(f"{name}: {len(prompts)} prompts", file=sys.stderr)
+    write_sets(out, sets)
     return 0
 
 

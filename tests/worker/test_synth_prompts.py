@@ -11,9 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EVAL = ROOT.parent / "shared/datasets/eval"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "synth_prompts", ROOT / "scripts/drafter/synth_prompts.py")
+def _load(name: str = "synth_prompts"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"scripts/drafter/{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -62,16 +61,8 @@ def test_synth_prompts_share_nothing_with_the_eval_sets():
     assert not sorted(problem & synth_lines)[:5]
 
 
-def _load2():
-    spec = importlib.util.spec_from_file_location(
-        "synth_prompts2", ROOT / "scripts/drafter/synth_prompts2.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_second_round_is_seeded_and_matches_the_committed_files(tmp_path, monkeypatch):
-    mod = _load2()
+    mod = _load("synth_prompts2")
     monkeypatch.setattr("sys.argv", ["synth_prompts2.py", str(tmp_path)])
     assert mod.main() == 0
     sizes = {p.stem: len(_read(p)) for p in tmp_path.glob("*.jsonl")}
@@ -89,7 +80,7 @@ def test_second_round_is_seeded_and_matches_the_committed_files(tmp_path, monkey
 def test_second_round_stub_examples_are_the_reference_answers():
     """The doctest examples in the typed stubs are what a correct solution
     returns (checked here against independent implementations of a few)."""
-    mod = _load2()
+    mod = _load("synth_prompts2")
     by_name = {s[0]: s for s in mod.STUBS}
     assert len(by_name) == len(mod.STUBS) >= 30
     checks = {"sum_of_evens": ([1, 2, 3, 4, -6], 0), "running_max": ([3, 1, 4, 1, 5], [3, 3, 4, 4, 5]),
