@@ -41,6 +41,19 @@ def load_prompts(train_dir: Path) -> list[tuple[str, str]]:
     return out
 
 
+def drop_near_eval(prompts: list[tuple[str, str]], eval_dir: Path
+                   ) -> tuple[list[tuple[str, str]], int]:
+    """The prompts that may be trained on (decontam.py), and how many were not.
+    Ids stay "<file stem>:<line>", so the train / held-out split is unchanged."""
+    if not Path(eval_dir).is_dir():
+        return prompts, 0
+    from .decontam import EvalGuard
+
+    guard = EvalGuard.from_dir(eval_dir)
+    kept = [(pid, p) for pid, p in prompts if not guard.near(p)]
+    return kept, len(prompts) - len(kept)
+
+
 def done_ids(out_dir: Path) -> set[str]:
     ids = set()
     for shard in sorted(Path(out_dir).glob("shard-*.jsonl.gz")):
@@ -151,6 +164,7 @@ def worker_config(args):
 def main(args) -> int:
     """`dspark gen-drafter-data`: answer ../shared/datasets/train prompts."""
     from dspark.router.tokenizer import Tokenizer
+    from dspark.shared.cli import _datasets_dir
     from dspark.worker.runner import ModelRunner
     from dspark.worker.training.setup import prepare_offline
 
@@ -160,6 +174,10 @@ def main(args) -> int:
     runner.warmup()
     tok = Tokenizer.from_dir(wcfg.model_dir)
     prompts = load_prompts(Path(args.prompts))
+    prompts, near = drop_near_eval(prompts, _datasets_dir() / "eval")
+    if near:
+        print(f"[selfgen] skipping {near} prompts equal to or near an eval prompt",
+              file=sys.stderr)
     cfg = GenConfig(max_tokens=args.max_tokens, batch=args.batch, temperature=args.temperature,
                     seed=args.seed, time_budget_s=args.time_budget_min * 60, limit=args.limit)
     out = Path(args.out) / runner.info().model_name

@@ -1,0 +1,55 @@
+"""Eval prompts that no drafter-training prompt ever came near.
+
+The first synthetic rounds held near copies of a few eval prompts (two of the
+first five MBPP prompts, one of the first five HumanEval ones) before
+services/worker/training/decontam.py filtered the answers; drafters trained
+before that filter saw the target's answers to them. This writes, per eval
+set, the first N prompts that no prompt of ../shared/datasets/train or
+data/prompts-* (filtered or not) is near, for `dspark eval-drafter --prompts`.
+
+usage: .venv/bin/python scripts/drafter/clean_eval.py OUT_DIR [N]
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from dspark.worker.training.decontam import EvalGuard
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASETS = ROOT.parent / "shared/datasets"
+SETS = ("mt-bench", "humaneval", "mbpp", "gsm8k")
+
+
+def touched(guard: EvalGuard) -> set[str]:
+    """The eval turns some training prompt is near."""
+    out = set()
+    for d in [DATASETS / "train", *sorted((ROOT / "data").glob("prompts-*"))]:
+        for f in sorted(d.glob("*.jsonl")):
+            for line in f.read_text(encoding="utf-8").split("\n"):
+                if line.strip():
+                    m = guard.match(json.loads(line)["turns"][0])
+                    if m and m[1] is not None:
+                        out.add(m[1])
+    return out
+
+
+def main(argv: list[str]) -> int:
+    out, n = Path(argv[0]), int(argv[1]) if len(argv) > 1 else 5
+    guard = EvalGuard.from_dir(DATASETS / "eval")
+    seen = touched(guard)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in SETS:
+        lines = [ln for ln in (DATASETS / "eval" / f"{name}.jsonl").read_text(encoding="utf-8").split("\n")
+                 if ln.strip()]
+        kept = [ln for ln in lines if json.loads(ln)["turns"][0] not in seen][:n]
+        dropped = [i for i, ln in enumerate(lines[:n]) if json.loads(ln)["turns"][0] in seen]
+        (out / f"{name}.jsonl").write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+        print(f"{name}: {sum(json.loads(ln)['turns'][0] in seen for ln in lines)} of {len(lines)} "
+              f"touched; of the first {n}, lines {dropped} replaced", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
