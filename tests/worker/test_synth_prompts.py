@@ -97,3 +97,48 @@ def test_second_round_stub_examples_are_the_reference_answers():
     assert len(prompts) > len(mod.STUBS)
     p = next(p for p in prompts if "def sum_of_evens(" in p)
     assert "from typing import List" in p and ">>> sum_of_evens([" in p
+
+
+def test_third_round_is_seeded_matches_the_committed_files_and_avoids_eval_problems(tmp_path, monkeypatch):
+    if not EVAL.is_dir():
+        pytest.skip(f"no eval prompt sets at {EVAL} (the round drops prompts near them)")
+    mod = _load("synth_prompts3")
+    monkeypatch.setattr("sys.argv", ["synth_prompts3.py", str(tmp_path)])
+    assert mod.main() == 0
+    committed = ROOT / "data/prompts-synth3"
+    for name in ("synth3-chat", "synth3-heval", "synth3-func"):
+        got = _read(tmp_path / f"{name}.jsonl")
+        assert got == _read(committed / f"{name}.jsonl"), name
+        assert len(got) >= 250, name
+    earlier = {t for d in ("prompts-synth", "prompts-synth2")
+               for f in (ROOT / "data" / d).glob("*.jsonl") for t in _read(f)}
+    assert not earlier & {t for f in committed.glob("*.jsonl") for t in _read(f)}
+    # no stub is named like a code benchmark's problem (they would restate it)
+    import re
+    eval_names = {n for f in EVAL.glob("*.jsonl") for t in _read(f) for n in re.findall(r"def (\w+)\(", t)}
+    assert len(eval_names) > 100
+    assert not {s[0] for s in mod.STUBS3} & eval_names
+
+
+def test_third_round_stub_examples_are_the_reference_answers():
+    mod = _load("synth_prompts3")
+    by_name = {s[0]: s for s in mod.STUBS3}
+    assert len(by_name) == len(mod.STUBS3) >= 30
+    checks = {"transpose": ([[1, 2, 3], [4, 5, 6]], [[1, 4], [2, 5], [3, 6]]),
+              "moving_average": (([1.0, 2.0, 4.0], 2), [1.5, 3.0]),
+              "missing_number": ([0, 1, 3], 2), "snake_to_camel": ("max_node_count", "maxNodeCount"),
+              "camel_to_snake": ("parseHttpRequest", "parse_http_request"),
+              "most_common": ([3, 1, 3, 1, 2], 1), "longest_run": ([1, 1, 0, 0, 0, 1], 3),
+              "seconds_to_clock": (3725, "01:02:05"), "clock_to_seconds": ("01:02:05", 3725),
+              "merge_intervals": ([[5, 7], [1, 3], [2, 4]], [[1, 4], [5, 7]]),
+              "max_profit": ([7, 1, 5, 3, 6, 4], 5), "first_unique_index": ("loveleetcode", 2),
+              "is_leap_year": (1900, False), "percent_change": ((40.0, 50.0), 25.0),
+              "count_pairs_with_difference": (([1, 3, 5, 3], 2), 4)}
+    for name, (args, want) in checks.items():
+        args = args if isinstance(args, tuple) else (args,)
+        assert by_name[name][4](*args) == want, name
+    import random
+    r = random.Random(5)
+    for name, *_, ref, make in mod.STUBS3:  # every input maker gives arguments its reference takes
+        for _ in range(5):
+            ref(*make(r))
