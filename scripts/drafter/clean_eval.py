@@ -1,6 +1,6 @@
 """Eval prompts that no drafter-training prompt ever came near.
 
-The first synthetic rounds held near copies of a few eval prompts (two of the
+The first synthetic rounds held near copies of a few eval prompts (one of the
 first five MBPP prompts, one of the first five HumanEval ones) before
 services/worker/training/decontam.py filtered the answers; drafters trained
 before that filter saw the target's answers to them. This writes, per eval
