@@ -310,7 +310,7 @@ class ModelRunner:
             if s.lease_id >= 0:
                 self.leases.claim(s.lease_id, s.request_id)
                 if s.start_position == 0:  # a (re-)prefill from scratch: forget old rows
-                    self.leases.pos[s.lease_id] = -1
+                    self.leases.reset(s.lease_id)
         spec = [i for i, s in enumerate(seqs) if s.num_speculative_tokens]
         drafts = None
         if spec:  # no request verifies more than its K, nor more than the whole budget
@@ -383,8 +383,8 @@ class ModelRunner:
                 if s.return_tap_rows:
                     out.tap_rows = rows_s.float().cpu().numpy()
             row += n
-        if ring_writes:  # every lease's new rows in one pass of the drafter's projection
-            self.leases.write_many(ring_writes)
+        if ring_writes:  # staged; projected when the lease drafts (LeasePool.flush)
+            self.leases.stage_many(ring_writes)
         return StepOutput(plan.step_id, outputs, forward_ms=(time.perf_counter() - t0) * 1e3)
 
     def _resolve_anchor(self, s: SeqStep) -> SeqStep:

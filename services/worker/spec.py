@@ -7,7 +7,12 @@ R = W + K + 1 positions the target computed for the request, in slot
 
 Every target row the request computes is written eagerly: prefill chunks (so
 the prompt's last W rows seed the first draft) and all K + 1 verify rows,
-before acceptance is known. Rows past the accepted prefix are then stale, but
+before acceptance is known. Written means staged: the runner copies a step's
+tap rows into the lease's raw ring (same slots), and the drafter's context
+projection turns a lease's staged rows into K/V only when that lease drafts
+(``flush``). Under confidence-scheduled verification most steps of a
+speculating request draft nothing; they then pay a copy instead of the
+projection (~6% of a plain 8-request decode step on a 2-core CPU). Rows past the accepted prefix are then stale, but
 they sit at positions >= the next anchor's, which the drafter never attends to
 (it sees only positions in [anchor - W, anchor)), and the next verify
 overwrites them. R = W + K + 1 makes sure eager rows never evict a row that is
@@ -53,6 +58,9 @@ class LeasePool:
         self.k = [torch.zeros(shape, dtype=dt, device=device) for _ in drafter.layers]
         self.v = [torch.zeros(shape, dtype=dt, device=device) for _ in drafter.layers]
         self.pos = torch.full((num_leases, self.ring), -1, dtype=torch.long, device=device)
+        # staged tap rows not yet projected (raw_pos -1: nothing staged in the slot)
+        self.raw = torch.zeros((num_leases, self.ring, c.tap_width), dtype=dt, device=device)
+        self.raw_pos = torch.full((num_leases, self.ring), -1, dtype=torch.long, device=device)
         self.owner: list[str | None] = [None] * num_leases
 
     @staticmethod
@@ -61,8 +69,8 @@ class LeasePool:
         c = drafter_config
         ring = c.context_window + num_spec_tokens + 1
         elem = torch.empty((), dtype=dtype).element_size()
-        return num_leases * ring * (2 * c.num_draft_layers * c.num_kv_heads * c.head_dim * elem
-                                    + 8)
+        return num_leases * ring * ((2 * c.num_draft_layers * c.num_kv_heads * c.head_dim
+                                     + c.tap_width) * elem + 16)
 
     def check(self, lease: int, request_id: str) -> None:
         if not 0 <= lease < self.num_leases:
@@ -72,14 +80,19 @@ class LeasePool:
     def claim(self, lease: int, request_id: str) -> None:
         """Make ``request_id`` the owner; a new owner starts with an empty ring."""
         if self.owner[lease] != request_id:
-            self.pos[lease] = -1
+            self.reset(lease)
             self.owner[lease] = request_id
+
+    def reset(self, lease: int) -> None:
+        """Forget every row of a lease (projected and staged)."""
+        self.pos[lease] = -1
+        self.raw_pos[lease] = -1
 
     def release(self, request_id: str) -> None:
         for i, o in enumerate(self.owner):
             if o == request_id:
                 self.owner[i] = None
-                self.pos[i] = -1
+                self.reset(i)
 
     def free_count(self) -> int:
         return sum(o is None for o in self.owner)
@@ -92,10 +105,14 @@ class LeasePool:
     @torch.no_grad()
     def write_many(self, items: list[tuple[int, int, torch.Tensor]]) -> None:
         """``write`` for several leases at once (lease, start position, tap rows;
-        each lease at most once): one pass of the drafter's context projection
-        over all their rows, one scatter per draft layer. A step's ring writes
-        are a few rows per request; done one request at a time they cost more
-        than the rows' share of the target forward at 32 requests."""
+        each lease at most once): ``stage_many``, then ``flush`` of those leases."""
+        self.stage_many(items)
+        self.flush(sorted({lease for lease, _, _ in items}))
+
+    @torch.no_grad()
+    def stage_many(self, items: list[tuple[int, int, torch.Tensor]]) -> None:
+        """Copy tap rows into the leases' raw rings (lease, start position, rows;
+        each lease at most once), one scatter for all; ``flush`` projects them."""
         if not items:
             return
         leases, slots, positions, rows = [], [], [], []
@@ -109,12 +126,30 @@ class LeasePool:
             positions.append(pos)
             rows.append(taps)
         lease_idx, slot_idx = torch.cat(leases), torch.cat(slots)
-        pos = torch.cat(positions)
         taps = rows[0] if len(rows) == 1 else torch.cat(rows)
-        for li, (kc, vc) in enumerate(self.drafter.fuse_context(taps, pos)):
+        self.raw[lease_idx, slot_idx] = taps.to(self.raw.dtype)
+        self.raw_pos[lease_idx, slot_idx] = torch.cat(positions)
+
+    @torch.no_grad()
+    def flush(self, leases: list[int]) -> None:
+        """Project the staged rows of these leases into their K/V rings: one pass of
+        the drafter's context projection over all of them, one scatter per draft
+        layer (a step's rows done one lease at a time cost more than their share of
+        the target forward at 32 requests)."""
+        if not leases:
+            return
+        idx = torch.tensor(leases, dtype=torch.long, device=self.raw_pos.device)
+        lease_idx, slot_idx = (self.raw_pos.index_select(0, idx) >= 0).nonzero(as_tuple=True)
+        if lease_idx.numel() == 0:
+            return
+        lease_idx = idx.index_select(0, lease_idx)
+        pos = self.raw_pos[lease_idx, slot_idx]
+        for li, (kc, vc) in enumerate(self.drafter.fuse_context(self.raw[lease_idx, slot_idx],
+                                                                pos)):
             self.k[li][lease_idx, slot_idx] = kc
             self.v[li][lease_idx, slot_idx] = vc
         self.pos[lease_idx, slot_idx] = pos
+        self.raw_pos[lease_idx, slot_idx] = -1
 
     @torch.no_grad()
     def draft(self, leases: list[int], anchors: list[int], anchor_pos: list[int],
@@ -126,6 +161,7 @@ class LeasePool:
         ``depth`` < K only the first ``depth`` drafts (and confidences) are made."""
         dr = self.drafter
         dev = self.pos.device
+        self.flush(leases)
         idx = torch.tensor(leases, dtype=torch.long, device=dev)
         a = torch.tensor(anchors, dtype=torch.long, device=dev)
         ap = torch.tensor(anchor_pos, dtype=torch.long, device=dev)

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from dspark.shared.config import WorkerConfig
-from dspark.shared.types import SamplingParams
+from dspark.shared.types import SamplingParams, SeqStep, StepPlan
 from dspark.worker.model.drafter import DrafterConfig, DSparkDrafter
 from dspark.worker.model.drafter_ckpt import save_drafter
 from dspark.worker.runner import ModelRunner, model_fingerprint
+from dspark.worker.sampler import RowParams
 from dspark.worker.spec import LeasePool
 from dspark.worker.training.engine import OfflineEngine
 
@@ -218,11 +219,44 @@ def test_reused_lease_never_shows_the_previous_rows(runners):
     pool = r7.leases
     pool.claim(0, "first")
     pool.write(0, 0, torch.randn(5, 3 * 64))
-    assert int((pool.pos[0] >= 0).sum()) == 5
+    pool.stage_many([(0, 5, torch.randn(2, 3 * 64))])
+    assert int((pool.pos[0] >= 0).sum()) == 5 and int((pool.raw_pos[0] >= 0).sum()) == 2
     pool.claim(0, "second")
-    assert int((pool.pos[0] >= 0).sum()) == 0
+    assert int((pool.pos[0] >= 0).sum()) == 0 and int((pool.raw_pos[0] >= 0).sum()) == 0
     pool.release("second")
     assert pool.owner[0] is None
+
+
+def test_plain_steps_stage_tap_rows_and_drafting_projects_them(runners):
+    """A leased request's step without drafts only stages its tap rows (no
+    projection); its next draft projects them first, so the drafts are those of
+    eagerly written rings, staged rows overwritten in the ring's slots included."""
+    _, r7 = runners
+    pool = r7.leases
+    d3 = pool.raw.shape[-1]
+    torch.manual_seed(11)
+    rows = [torch.randn(12, d3), torch.randn(3, d3), torch.randn(pool.ring, d3)]
+    starts = [0, 12, 15]
+    got = []
+    for lazy in (False, True):
+        pool.claim(1, f"s-{lazy}")
+        for st, r in zip(starts, rows):
+            (pool.stage_many if lazy else pool.write_many)([(1, st, r)])
+        if lazy:
+            assert int((pool.pos[1] >= 0).sum()) == 0  # nothing projected yet
+        anchor_pos = starts[-1] + pool.ring
+        d = pool.draft([1], [5], [anchor_pos], [RowParams()])
+        assert int((pool.raw_pos[1] >= 0).sum()) == 0  # drafting flushed the stage
+        got.append((d.tokens.clone(), pool.pos[1].clone(), pool.k[0][1].clone()))
+        pool.release(f"s-{lazy}")
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    assert torch.allclose(got[0][2], got[1][2], atol=1e-5)
+    # the runner stages: a plain step of a leased request projects nothing
+    ids = [3, 4, 5, 6]
+    r7.step(StepPlan(0, [SeqStep("p", ids, 0, [0, 1], sample=True, lease_id=2)]))
+    assert int((pool.raw_pos[2] >= 0).sum()) == len(ids) and int((pool.pos[2] >= 0).sum()) == 0
+    r7.release(["p"])
+    assert int((pool.raw_pos[2] >= 0).sum()) == 0
 
 
 @torch.inference_mode()

@@ -115,6 +115,11 @@ class DrafterConfig:
                 bad("target_layer_ids", f"layer {i} is the target's final layer "
                     f"(target_num_layers={self.target_num_layers}); tap a non-final layer")
 
+    @property
+    def tap_width(self) -> int:
+        """Width of one tap row: the tapped layers' hidden states side by side."""
+        return len(self.target_layer_ids) * self.target_hidden_size
+
     @classmethod
     def for_target(cls, args, target_model_id: str, **overrides) -> DrafterConfig:
         """Backbone dims copied from a target's ``LlamaArgs``; anything overridable."""
