@@ -205,6 +205,29 @@ def test_greedy_output_equals_plain_generation(case, async_):
     assert s.load()["free_kv_blocks"] == 64 and s.load()["free_leases"] == 8
 
 
+def test_async_pipelines_plain_steps_of_speculating_requests():
+    """Async, confidence mode, drafting never pays (every step plain): a request
+    with a lease is planned again (a deferred anchor) while its plain step is in
+    flight, as after a verify step, so it never waits a step out; when only some
+    requests draft, the batch thus stays whole instead of splitting into halves
+    taking turns. Output is exact and every block and lease comes back."""
+    s = conf_scheduler(BOUND, budget=64, async_=True)
+    w = BudgetWorker(64, 4)
+    plans = []
+    real = w.step
+    w.step = lambda plan: plans.append(plan) or real(plan)
+    prompts = add(s, n=4, max_tokens=24)
+    res, finals = drive(s, w, True)
+    for rid, p in prompts.items():
+        assert res[rid] == reference(p, sampling(max_tokens=24, seed=int(rid[1:])))[0]
+    check_counts(finals, w, prompts)
+    deferred = [q for plan in plans for q in plan.seqs if q.deferred_anchor]
+    assert len(deferred) >= 4 * 20 and all(q.num_speculative_tokens == 0 for q in deferred)
+    assert all(len(plan.seqs) == 4 for plan in plans)  # always the whole batch
+    assert len(plans) <= 24 + 2  # one step per token (+ prefill), pipelined
+    assert s.load()["free_kv_blocks"] == 64 and s.load()["free_leases"] == 8
+
+
 def test_the_budget_goes_to_the_confident_request():
     s = conf_scheduler(FREE, budget=2 + 4)  # two decoding requests: V = 4
     w = BudgetWorker(64, 4, conf=lambda rid, pos: 0.9 if rid == "r0" else 0.2)

@@ -380,6 +380,8 @@ class Scheduler(SpeculationMixin):
         if reason != FinishReason.NONE:
             self._running.remove(req)
             self._finish(req, reason)
+        elif req.deferred_step is not None:  # async: its next step is in flight
+            self._promote_deferred(req)
         return RequestOutput(req.request_id, [token_id], reason, self._summary(req, reason))
 
     def _summary(self, req: Request, reason: FinishReason) -> SpecSummary | None:

@@ -100,14 +100,18 @@ class SpeculationMixin:
         return self._reserve_drafts(req, req.num_tokens - 1, min(self.num_spec, budget - 1))
 
     def _defer(self, step_id: int, req: Request, budget: int) -> SeqStep | None:
-        """Async: plan the next speculative step of a request whose speculative step
-        is still in flight. Its anchor lands somewhere in [P+1, P+k+1] (P, k: the
-        in-flight step's anchor position and K), so KV is reserved for the optimistic
-        worst case P + k + 1 + K (confidence mode: the anchor now, drafts when the
-        step's budget is sized); ``_commit_spec`` gives back what acceptance did not
-        use. Returns None (no deferral) when it could finish in flight, could pass the
-        position ceiling, or blocks are short: it then waits, as in sync mode."""
-        if req.deferred_step is not None or req.pending_spec_k <= 0 or req.lease_id < 0:
+        """Async: plan the next step of a speculating request (one with a lease)
+        whose step is still in flight. Its anchor lands somewhere in [P+1, P+k+1]
+        (P, k: the in-flight step's last row position and its drafts; k = 0 for a
+        plain step, whose anchor is exactly P+1), so KV is reserved for the
+        optimistic worst case P + k + 1 + K (confidence mode: the anchor now, drafts
+        when the step's budget is sized); the commit gives back what acceptance did
+        not use. A plain in-flight step is deferred too: under confidence-scheduled
+        verification most steps are plain, and leaving them out would split the
+        batch into two halves taking turns. Returns None (no deferral) when it could
+        finish in flight, could pass the position ceiling, or blocks are short: it
+        then waits, as in sync mode."""
+        if req.deferred_step is not None or req.lease_id < 0:
             return None
         k_prev = req.pending_spec_k
         p_prev = req.num_tokens - 1  # the in-flight step's anchor position
@@ -269,17 +273,21 @@ class SpeculationMixin:
             self._running.remove(req)
             self._finish(req, reason)
         elif req.deferred_step is not None:
-            # async: the step in flight verifies from this anchor; correct positions and
-            # free the blocks reserved past its real window
-            req.pending_sample_step, req.pending_spec_k = req.deferred_step, req.deferred_k
-            req.pending_fallback = req.deferred_note == "fallback"
-            req.pending_unverified = req.deferred_note == "unverified"
-            req.deferred_step = None
-            req.num_computed_tokens = req.num_tokens  # the anchor is computed in flight
-            self._trim_blocks(req, req.num_tokens + req.pending_spec_k)
+            self._promote_deferred(req)
         elif self.confidence_scheduled:  # give back the rows the budget did not verify
             self._trim_blocks(req, req.num_tokens)
         return RequestOutput(req.request_id, list(kept), reason, self._summary(req, reason))
+
+    def _promote_deferred(self, req: Request) -> None:
+        """Async, after committing the step before it: the deferred step in flight
+        runs from the anchor just committed; correct positions and free the blocks
+        reserved past its real window."""
+        req.pending_sample_step, req.pending_spec_k = req.deferred_step, req.deferred_k
+        req.pending_fallback = req.deferred_note == "fallback"
+        req.pending_unverified = req.deferred_note == "unverified"
+        req.deferred_step = None
+        req.num_computed_tokens = req.num_tokens  # the anchor is computed in flight
+        self._trim_blocks(req, req.num_tokens + req.pending_spec_k)
 
     def _trim_blocks(self, req: Request, positions: int) -> None:
         keep = _cdiv(positions, self.block_size)
