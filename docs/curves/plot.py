@@ -26,10 +26,13 @@ OFFSETS = {"s12-d3": (1.05e6 + 216_318, 106 + 95),
            "s17-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645 + 686_247,
                       106 + 95 + 80 + 34 + 40 + 55),
            "s18-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645 + 686_247,
-                      106 + 95 + 80 + 34 + 40 + 55)}
+                      106 + 95 + 80 + 34 + 40 + 55),
+           "s19-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645 + 686_247 + 775_484,
+                      106 + 95 + 80 + 34 + 40 + 55 + 65)}
 # file stem -> legend label (the card's names for the runs)
 RUNS = {
-    "s18-t1": "s18: warm from s16, + answers to a 2nd round of synthetic prompts (shipped)",
+    "s19-t1": "s19: warm from s18, + a 3rd round, decontaminated, bf16 features (shipped)",
+    "s18-t1": "s18: warm from s16, + answers to a 2nd round of synthetic prompts (shipped before)",
     "s17-t1": "s17: warm from s16, same mix, 30 min more (a candidate)",
     "s16-t1": "s16: warm from s14, + answers to synthetic prompts (shipped before)",
     "s15-t1": "s15: warm from s14, all 2,747 T = 1 answers (a candidate)",
