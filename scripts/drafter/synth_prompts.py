@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import json
 import random
 import sys
@@ -209,17 +210,16 @@ FUNC_TASKS = {
 }
 
 
+def expand(patterns: dict[str, dict[str, list[str]]]) -> list[str]:
+    """Every pattern filled with every combination of its slots' values (pattern
+    order, then the slots' product in their order)."""
+    return [pattern.format(**dict(zip(slots, values)))
+            for pattern, slots in patterns.items()
+            for values in itertools.product(*slots.values())]
+
+
 def func_prompts(rng: random.Random, n: int) -> list[str]:
-    cands = []
-    for pattern, slots in FUNC_TASKS.items():
-        keys = list(slots)
-        def fill(i, cur):
-            if i == len(keys):
-                cands.append(pattern.format(**cur))
-                return
-            for v in slots[keys[i]]:
-                fill(i + 1, {**cur, keys[i]: v})
-        fill(0, {})
+    cands = expand(FUNC_TASKS)
     rng.shuffle(cands)
     lead = ["Write a python function to", "Write a function to", "Write a Python function that can"]
     return sorted(f"{rng.choice(lead)} {c}." for c in cands[:n])

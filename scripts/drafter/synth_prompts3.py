@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synth_prompts import split_list, write_sets  # noqa: E402
+from synth_prompts import expand, split_list, write_sets  # noqa: E402
 
 from dspark.worker.training.decontam import EvalGuard  # noqa: E402
 
@@ -377,17 +377,7 @@ FUNC3 = {
 
 
 def func3_prompts(rng: random.Random, n: int) -> list[str]:
-    cands = []
-    for pattern, slots in FUNC3.items():
-        keys = list(slots)
-
-        def fill(i, cur):
-            if i == len(keys):
-                cands.append(pattern.format(**cur))
-                return
-            for v in slots[keys[i]]:
-                fill(i + 1, {**cur, keys[i]: v})
-        fill(0, {})
+    cands = expand(FUNC3)
     rng.shuffle(cands)
     lead = ["Write a python function to", "Write a function to", "Write a function that can"]
     return sorted({f"{rng.choice(lead)} {c}." for c in cands[:n]})
