@@ -17,21 +17,20 @@ from pathlib import Path
 
 from dspark.worker.training.decontam import EvalGuard
 
-ROOT = Path(__file__).resolve().parents[2]
-DATASETS = ROOT.parent / "shared/datasets"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decontaminate import DATASETS, prompt_index  # noqa: E402
+
 SETS = ("mt-bench", "humaneval", "mbpp", "gsm8k")
 
 
 def touched(guard: EvalGuard) -> set[str]:
     """The eval turns some training prompt is near."""
     out = set()
-    for d in [DATASETS / "train", *sorted((ROOT / "data").glob("prompts-*"))]:
-        for f in sorted(d.glob("*.jsonl")):
-            for line in f.read_text(encoding="utf-8").split("\n"):
-                if line.strip():
-                    m = guard.match(json.loads(line)["turns"][0])
-                    if m and m[1] is not None:
-                        out.add(m[1])
+    for turns in prompt_index().values():
+        for t in filter(None, turns):
+            m = guard.match(t)
+            if m and m[1] is not None:
+                out.add(m[1])
     return out
 
 
@@ -43,11 +42,11 @@ def main(argv: list[str]) -> int:
     for name in SETS:
         lines = [ln for ln in (DATASETS / "eval" / f"{name}.jsonl").read_text(encoding="utf-8").split("\n")
                  if ln.strip()]
-        kept = [ln for ln in lines if json.loads(ln)["turns"][0] not in seen][:n]
-        dropped = [i for i, ln in enumerate(lines[:n]) if json.loads(ln)["turns"][0] in seen]
+        hit = [json.loads(ln)["turns"][0] in seen for ln in lines]
+        kept = [ln for ln, h in zip(lines, hit) if not h][:n]
         (out / f"{name}.jsonl").write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
-        print(f"{name}: {sum(json.loads(ln)['turns'][0] in seen for ln in lines)} of {len(lines)} "
-              f"touched; of the first {n}, lines {dropped} replaced", file=sys.stderr)
+        print(f"{name}: {sum(hit)} of {len(lines)} touched; of the first {n}, lines "
+              f"{[i for i, h in enumerate(hit[:n]) if h]} replaced", file=sys.stderr)
     return 0
 
 

@@ -302,14 +302,21 @@ STUB_LEADS = ["Write a solution to the following problem and make sure that it p
               "Complete the following Python function:", "Implement the function below:"]
 
 
+def stub_parts(rng: random.Random, name: str, params: str, ret: str, ref, make,
+               typing_names=("List", "Dict", "Optional")) -> tuple[str, str]:
+    """A stub's typing import line(s) and its doctest examples: 1-3 inputs drawn by
+    ``make``, each shown with the reference implementation's result."""
+    args = [make(rng) for _ in range(rng.randint(1, 3))]
+    ex = "".join(f"    >>> {name}({', '.join(map(repr, a))})\n    {ref(*a)!r}\n" for a in args)
+    typing = sorted({t for t in typing_names if t in params + ret})
+    return (f"from typing import {', '.join(typing)}\n\n\n" if typing else ""), ex
+
+
 def heval_prompts(rng: random.Random, n_per: int) -> list[str]:
     out = set()
     for name, params, ret, doc, ref, make in STUBS:
         for _ in range(n_per):
-            args = [make(rng) for _ in range(rng.randint(1, 3))]
-            ex = "".join(f"    >>> {name}({', '.join(map(repr, a))})\n    {ref(*a)!r}\n" for a in args)
-            typing = sorted({t for t in ("List", "Dict", "Optional") if t in params + ret})
-            head = f"from typing import {', '.join(typing)}\n\n\n" if typing else ""
+            head, ex = stub_parts(rng, name, params, ret, ref, make)
             body = f'{head}def {name}({params}) -> {ret}:\n    """ {doc}\n{ex}    """\n'
             out.add(f"{rng.choice(STUB_LEADS)}\n```python\n{body}\n```")
     return sorted(out)

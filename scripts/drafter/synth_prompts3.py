@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synth_prompts import expand, split_list, write_sets  # noqa: E402
+from synth_prompts2 import _ints, stub_parts  # noqa: E402
 
 from dspark.worker.training.decontam import EvalGuard  # noqa: E402
 
@@ -166,10 +167,6 @@ def chat3_prompts(rng: random.Random, n: int) -> list[str]:
 
 # Typed stubs with doctest examples, in the shape of a code benchmark's
 # problems: (name, params, return type, docstring, reference, input maker).
-def _ints(r, lo=-9, hi=20, k=None):
-    return [r.randint(lo, hi) for _ in range(k or r.randint(3, 7))]
-
-
 def _words(r, k=None):
     pool = "cat dog sun apple level noon tree moon stone river bird star radar wind".split()
     return [r.choice(pool) for _ in range(k or r.randint(2, 5))]
@@ -335,10 +332,8 @@ def heval3_prompts(rng: random.Random, n_per: int) -> list[str]:
     out = set()
     for name, params, ret, doc, ref, make in STUBS3:
         for _ in range(n_per):
-            args = [make(rng) for _ in range(rng.randint(1, 3))]
-            ex = "".join(f"    >>> {name}({', '.join(map(repr, a))})\n    {ref(*a)!r}\n" for a in args)
-            typing = sorted({t for t in ("List", "Dict", "Optional", "Tuple") if t in params + ret})
-            head = f"from typing import {', '.join(typing)}\n\n\n" if typing else ""
+            head, ex = stub_parts(rng, name, params, ret, ref, make,
+                                  ("List", "Dict", "Optional", "Tuple"))
             if rng.random() < 0.5:
                 body = f'{head}def {name}({params}) -> {ret}:\n    """ {doc}\n{ex}    """\n'
             else:

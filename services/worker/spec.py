@@ -7,17 +7,19 @@ R = W + K + 1 positions the target computed for the request, in slot
 
 Every target row the request computes is written eagerly: prefill chunks (so
 the prompt's last W rows seed the first draft) and all K + 1 verify rows,
-before acceptance is known. Written means staged: the runner copies a step's
-tap rows into the lease's raw ring (same slots), and the drafter's context
-projection turns a lease's staged rows into K/V only when that lease drafts
-(``flush``). Under confidence-scheduled verification most steps of a
-speculating request draft nothing; they then pay a copy instead of the
-projection (~6% of a plain 8-request decode step on a 2-core CPU). Rows past the accepted prefix are then stale, but
+before acceptance is known. Rows past the accepted prefix are then stale, but
 they sit at positions >= the next anchor's, which the drafter never attends to
 (it sees only positions in [anchor - W, anchor)), and the next verify
 overwrites them. R = W + K + 1 makes sure eager rows never evict a row that is
 still inside the next window. So the ring needs no rollback and the worker no
 acceptance: positions in each step say everything.
+
+Written means staged: the runner copies a step's tap rows into the lease's
+raw ring (same slots), and the drafter's context projection turns a lease's
+staged rows into K/V only when that lease drafts (``flush``). Under
+confidence-scheduled verification most steps of a speculating request draft
+nothing; they then pay a copy instead of the projection (~6% of a plain
+8-request decode step on a 2-core CPU).
 
 A lease is reset (all positions -1) when it changes owner, so a reused lease
 never shows the previous request's rows.
