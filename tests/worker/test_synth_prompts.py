@@ -142,3 +142,80 @@ def test_third_round_stub_examples_are_the_reference_answers():
     for name, *_, ref, make in mod.STUBS3:  # every input maker gives arguments its reference takes
         for _ in range(5):
             ref(*make(r))
+
+
+ROUND4 = ("synth4-chat", "synth4-math", "synth4-code")
+
+
+def test_fourth_round_is_seeded_matches_the_committed_files_and_is_far_from_eval(tmp_path, monkeypatch):
+    if not EVAL.is_dir():
+        pytest.skip(f"no eval prompt sets at {EVAL} (the round drops prompts near them)")
+    mod = _load("synth_prompts4")
+    monkeypatch.setattr("sys.argv", ["synth_prompts4.py", str(tmp_path)])
+    assert mod.main() == 0
+    committed = ROOT / "data/prompts-synth4"
+    for name in ROUND4:  # byte for byte: nothing in this round depends on the Python version
+        assert (tmp_path / f"{name}.jsonl").read_bytes() == (committed / f"{name}.jsonl").read_bytes(), name
+    sets = {name: _read(committed / f"{name}.jsonl") for name in ROUND4}
+    assert len(sets["synth4-chat"]) >= 1400 and len(sets["synth4-math"]) >= 170 and len(sets["synth4-code"]) >= 170
+    r4 = [t for v in sets.values() for t in v]
+    assert len(sets["synth4-chat"]) / len(r4) >= 0.75  # the round is aimed at chat
+    assert max(len(t) for t in r4) < 600  # far below the generator's prompt limit
+    earlier = {t for d in ("prompts-synth", "prompts-synth2", "prompts-synth3")
+               for f in (ROOT / "data" / d).glob("*.jsonl") for t in _read(f)}
+    assert not earlier & set(r4)
+    # none equal or near an eval prompt, no line of an eval problem, no eval entry point
+    from collections import Counter
+    import re
+
+    from dspark.worker.training.decontam import EvalGuard
+    guard = EvalGuard.from_dir(EVAL)
+    assert not [t for t in r4 if guard.near(t)][:5]
+    evals = [t for f in EVAL.glob("*.jsonl") for t in _read(f)]
+    lines = Counter(ln.strip() for e in evals for ln in set(e.split("\n")))
+    problem = {ln for ln, n in lines.items() if len(ln) >= 40 and n <= 3}
+    assert not sorted(problem & {ln.strip() for t in r4 for ln in t.split("\n")})[:5]
+    eval_names = {n for t in evals for n in re.findall(r"def (\w+)\(", t)}
+    names = {n for t in r4 for n in re.findall(r"def (\w+)\(", t)} | {s[0] for s in mod.EXAMPLES4}
+    assert len(names) >= 8 and not names & eval_names
+
+
+def test_fourth_round_word_lists_are_new_and_its_code_is_valid():
+    """The round's topics, people, concepts and forms repeat none of rounds
+    1-3's; its code asks hold Python that compiles; the examples of its
+    "function shown by examples" asks are the reference answers."""
+    import random
+    import re
+    mod = _load("synth_prompts4")
+    earlier = [_load(n) for n in ("synth_prompts", "synth_prompts2", "synth_prompts3")]
+
+    def items(v):
+        return {x.lower() for x in (mod.split_list(v) if isinstance(v, str) else v) if x.strip()}
+    old = set().union(*(items(getattr(m, k)) for m in earlier for k in (
+        "TOPICS", "TOPICS2", "TOPICS3", "PEOPLE", "PEOPLE2", "PEOPLE3", "SCIENCE", "SCIENCE3", "CONCEPTS",
+        "AUDIENCES", "AUDIENCES3", "FORMS", "CONSTRAINTS", "CONSTRAINTS3", "SENTENCES", "CODE_TASKS", "NAMES")
+        if hasattr(m, k)))
+    assert len(old) > 400
+    for k in ("TOPICS4", "PEOPLE4", "CONCEPTS4", "AUDIENCES4", "FORMS4", "CONSTRAINTS4", "SENTENCES4", "NAMES4",
+              "SCRIPTS4"):
+        new = items(getattr(mod, k))
+        assert len(new) >= 8 and not new & old, k
+    code = _read(ROOT / "data/prompts-synth4/synth4-code.jsonl")
+    blocks = [c for t in code for c in re.findall(r"```python\n(.*?)\n```", t, re.S)]
+    assert len(blocks) > 40
+    for c in blocks:
+        compile(c, "<prompt>", "exec")
+    by_name = {s[0]: s for s in mod.EXAMPLES4}
+    checks = {"spread": ([3, -1, 4], 5), "next_weekday": (("Saturday", 2), "Monday"),
+              "round_to_multiple": ((15, 10), 20)}
+    for name, (args, want) in checks.items():
+        args = args if isinstance(args, tuple) else (args,)
+        assert by_name[name][4](*args) == want, name
+    assert by_name["round_to_multiple"][4](12, 25) == 0
+    r = random.Random(5)
+    for name, *_, ref, make in mod.EXAMPLES4:  # every input maker gives arguments its reference takes
+        for _ in range(5):
+            ref(*make(r))
+    # seeded: the same seed draws the same prompts, another seed others
+    assert mod.chat4_prompts(random.Random(3), 200) == mod.chat4_prompts(random.Random(3), 200)
+    assert mod.chat4_prompts(random.Random(1), 200) != mod.chat4_prompts(random.Random(3), 200)
