@@ -384,11 +384,20 @@ def main() -> int:
     rng = random.Random(seed)
     sets = {"synth3-chat": chat3_prompts(rng, 1000), "synth3-heval": heval3_prompts(rng, 12),
             "synth3-func": func3_prompts(rng, 400)}
-    if EVAL.is_dir():  # near copies of eval prompts too, not only equal ones
-        guard = EvalGuard.from_dir(EVAL)
-        sets = {k: [p for p in v if not guard.near(p)] for k, v in sets.items()}
-    write_sets(out, sets)
+    write_guarded(out, sets)
     return 0
+
+
+def write_guarded(out: Path, sets: dict[str, list[str]]) -> None:
+    """write_sets without the prompts near an eval prompt (not only equal ones),
+    saying per set how many were dropped (rounds 3 and 4)."""
+    if EVAL.is_dir():
+        guard = EvalGuard.from_dir(EVAL)
+        kept = {k: [p for p in v if not guard.near(p)] for k, v in sets.items()}
+        for k, v in sets.items():
+            print(f"{k}: {len(v) - len(kept[k])} near an eval prompt dropped", file=sys.stderr)
+        sets = kept
+    write_sets(out, sets)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synth_prompts import expand, split_list, write_sets  # noqa: E402
+from synth_prompts import expand, split_list  # noqa: E402
 from synth_prompts2 import _ints, stub_parts  # noqa: E402
-
-from dspark.worker.training.decontam import EvalGuard  # noqa: E402
-
-EVAL = Path(__file__).resolve().parents[3] / "shared/datasets/eval"
+from synth_prompts3 import write_guarded  # noqa: E402
 
 TOPICS4 = """
 a night market in Taipei|the history of umbrellas|learning to knit|a lost-and-found office|mangrove forests|
@@ -406,13 +403,7 @@ def main() -> int:
     rng = random.Random(seed)
     sets = {"synth4-chat": chat4_prompts(rng, 1440), "synth4-math": math4_prompts(rng, 180),
             "synth4-code": code4_prompts(rng, 180)}
-    if EVAL.is_dir():  # near copies of eval prompts too, not only equal ones
-        guard = EvalGuard.from_dir(EVAL)
-        kept = {k: [p for p in v if not guard.near(p)] for k, v in sets.items()}
-        for k, v in sets.items():
-            print(f"{k}: {len(v) - len(kept[k])} near an eval prompt dropped", file=sys.stderr)
-        sets = kept
-    write_sets(out, sets)
+    write_guarded(out, sets)
     return 0
 
 
