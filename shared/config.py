@@ -298,6 +298,11 @@ class SchedulerConfig(UpstreamTLSConfig, ServerOpsConfig):
     # so the refitted profile sees the rows it would otherwise never run and the
     # requests' confidences stay fresh. 0 = never.
     verify_explore_every: int = 32
+    # Confidence-scheduled verification: a request's last confidences (from its
+    # last verify step) estimate its next draft's; with every step it runs without
+    # drafting they count this much less, the estimate moving toward the replica's
+    # running per-position acceptance. 1 = never (it waits for an exploration step).
+    verify_confidence_decay: float = 0.5
     host: str = DEFAULT_HOST
     port: int = DEFAULT_SCHEDULER_PORT
 
@@ -309,6 +314,8 @@ class SchedulerConfig(UpstreamTLSConfig, ServerOpsConfig):
         _check(self.worker_retry_s >= 0, "worker_retry_s", self.worker_retry_s, ">= 0")
         _check(self.verify_explore_every >= 0, "verify_explore_every",
                self.verify_explore_every, ">= 0")
+        _check(0.0 < self.verify_confidence_decay <= 1.0, "verify_confidence_decay",
+               self.verify_confidence_decay, "in (0, 1]")
         _check(0 < self.port < 65536, "port", self.port, "in 1..65535")
         super().__post_init__()  # metrics, drain, TLS
 

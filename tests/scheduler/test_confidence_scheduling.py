@@ -390,3 +390,49 @@ def test_only_the_requests_worth_their_drafting_cost_draft():
     assert [len(o.new_token_ids) for o in outs] == [n + 1, 1, 1]
     assert [s.get_request(f"r{i}").spec.unverified_steps for i in range(3)] == [0, 1, 1]
     assert s.last_spec_events[1:] == [(0, 0, False, True)] * 2
+
+
+def _steps_until_r0_drafts(decay: float, limit: int = 12) -> int | None:
+    """r0's last draft was poor (confidences 0.05); the replica's drafts have been
+    accepted 90% of the time. Plain steps until r0 drafts again (None: not within
+    ``limit``); drafting costs 10 ms on a 30 ms step, so 0.05 never pays and the
+    running rates do."""
+    dear = SpsProfile(rows=(1, 256), forward_ms=(30.0, 30.0), draft_per_request_ms=10.0)
+    s = conf_scheduler(dear)
+    s.config.verify_confidence_decay = decay
+    _prefill(s, 1)
+    s.spec_totals.accepted_per_pos[:K] = [900] * K
+    s.spec_totals.verified_per_pos[:K] = [1000] * K
+    r0 = s.get_request("r0")
+    r0.spec_confidences = [0.05] * K
+    for n in range(limit):
+        plan = s.schedule()
+        (q,) = plan.seqs
+        if q.num_speculative_tokens:
+            return n
+        assert r0.spec_conf_age == n + 1
+        s.update_from_output(plan, StepOutput(plan.step_id, [SeqOutput("r0", token_id=20 + n)]))
+    return None
+
+
+def test_a_poor_draft_does_not_stop_a_request_drafting_for_good():
+    assert _steps_until_r0_drafts(decay=1.0) is None  # the old confidences never age
+    n = _steps_until_r0_drafts(decay=0.5)
+    assert n is not None and 1 <= n <= 3
+    # a fresh verify result's confidences count in full again
+    s = conf_scheduler(FREE)
+    _prefill(s, 1)
+    r0 = s.get_request("r0")
+    r0.spec_conf_age = 5
+    plan = s.schedule()
+    (q,) = plan.seqs
+    k = q.num_speculative_tokens
+    s.update_from_output(plan, StepOutput(plan.step_id, [_verify_out("r0", [21] * k, [21] * (k + 1), k)]))
+    assert r0.spec_conf_age == 0 and r0.spec_confidences == [0.5] * k
+
+
+def test_confidence_decay_is_checked():
+    with pytest.raises(ValueError, match="verify_confidence_decay"):
+        SchedulerConfig(verify_confidence_decay=0.0)
+    with pytest.raises(ValueError, match="verify_confidence_decay"):
+        SchedulerConfig(verify_confidence_decay=1.5)

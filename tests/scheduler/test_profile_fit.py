@@ -93,6 +93,9 @@ class TimedWorker(BudgetWorker):
 def _run(profile, explore_every=4, max_tokens=200):
     s = conf_scheduler(profile, num_blocks=512, budget=64)
     s.config.verify_explore_every = explore_every
+    # the refit alone: confidences keep their weight (the fake drafter's 0.3 is
+    # below its real acceptance, and aged estimates would move toward the latter)
+    s.config.verify_confidence_decay = 1.0
     w = TimedWorker(512, 4, conf=lambda rid, pos: 0.3, wrong=lambda rid, pos: pos % 3 == 0)
     prompts = add(s, n=4, max_tokens=max_tokens)
     res, _ = drive(s, w, False)

@@ -98,3 +98,20 @@ def test_only_requests_in_the_best_prefix_draft_and_pay_for_it():
     # charged for all three requests, the same drafts would not pay at all
     assert (3 + 2.4) / (30 + 60) < 3 / 30 < (3 + 2.4) / (30 + 20)
     assert choose_drafters(cands, 0) == set() and choose_drafters(cands, 4) == {0, 1}
+
+
+def test_old_confidences_weigh_less_toward_the_running_rates():
+    run = running_cumulative([90, 80], [100, 90], 2)  # 0.89, then 0.89 * 81/92
+    own = [0.1, 0.5]
+    fresh = estimate(own, run, 2)
+    assert fresh == pytest.approx([0.1, 0.05])
+    assert estimate(own, run, 2, weight=1.0) == fresh
+    half = estimate(own, run, 2, weight=0.5)
+    assert half == pytest.approx([(0.1 + run[0]) / 2, (0.05 + run[1]) / 2])
+    assert estimate(own, run, 2, weight=1e-9) == pytest.approx(run)
+    # a mix of two non-increasing estimates stays one
+    for w in (0.9, 0.5, 0.1):
+        e = estimate([0.2, 0.9, 0.9], run, 3, weight=w)
+        assert all(a >= b for a, b in zip(e, e[1:])) and all(0.0 <= a <= 1.0 for a in e)
+    # before a request has drafted there is nothing to weigh
+    assert estimate([], run, 2, weight=0.25) == pytest.approx(run)

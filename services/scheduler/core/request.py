@@ -54,6 +54,7 @@ class Request:
     # last verify result (the next step's estimate).
     pending_unverified: bool = False
     spec_confidences: list[float] = field(default_factory=list)
+    spec_conf_age: int = 0  # steps run without drafting since spec_confidences came
     spec_fallback: bool = False
     spec: SpecSummary = field(default_factory=SpecSummary)
 

@@ -148,7 +148,9 @@ class SpeculationMixin:
         k_max = self.num_spec
         st = self.spec_totals
         running = running_cumulative(st.accepted_per_pos, st.verified_per_pos, k_max)
-        est = [estimate(req.spec_confidences, running, k_max) for _, req, _ in cands]
+        decay = self.config.verify_confidence_decay
+        est = [estimate(req.spec_confidences, running, k_max, decay ** req.spec_conf_age)
+               for _, req, _ in cands]
         rows = sum(len(s.token_ids) or 1 for s in seqs)  # a deferred anchor is one row
         tokens = sum(1 for s in seqs if s.sample)
         max_v = min(budget, k_max * len(cands))
@@ -166,6 +168,8 @@ class SpeculationMixin:
             cap = min(k_max, v, min(self.max_model_len, self._max_len) - 1 - anchor_pos)
             k = self._reserve_drafts(req, anchor_pos, cap) if i in drafters else 0
             total += k
+            if not k:  # its last confidences age (fresh ones come with a draft)
+                req.spec_conf_age += 1
             seq.num_speculative_tokens = k
             seq.block_ids = list(req.block_ids)
             note = "" if k else ("unverified" if i not in drafters else "fallback")
@@ -252,6 +256,7 @@ class SpeculationMixin:
         k = len(result.draft_tokens)
         if confidences:
             req.spec_confidences = list(confidences)
+            req.spec_conf_age = 0
         for st in (req.spec, self.spec_totals):
             if k == 0:  # the verify budget left it no draft: the target's one token
                 st.unverified_steps += 1

@@ -92,15 +92,26 @@ def running_cumulative(accepted_per_pos: Sequence[int], verified_per_pos: Sequen
     return cumulative(rates)
 
 
-def estimate(last_confidences: Sequence[float], running: Sequence[float], k: int) -> list[float]:
+def estimate(last_confidences: Sequence[float], running: Sequence[float], k: int,
+             weight: float = 1.0) -> list[float]:
     """A request's a_1..a_K for the next step: the cumulative products of the
     drafter's confidences from its last verify result; positions it did not draft
     (or all K, before it has one) continue with the replica's running conditional
-    rates (``running`` = running_cumulative)."""
+    rates (``running`` = running_cumulative).
+
+    ``weight`` in [0, 1] is how much those confidences still say about the next
+    draft: the estimate is ``running + weight * (own - running)`` per position.
+    The scheduler lowers it with every step the request runs without drafting
+    (``SchedulerConfig.verify_confidence_decay``), so one unlucky draft does not
+    keep a request from drafting for good. Both sequences are non-increasing in
+    [0, 1], and so is any such mix."""
     own = cumulative(last_confidences[:k])
     out = list(own)
     for j in range(len(own), k):
         prev_run = running[j - 1] if j else 1.0
         cond = running[j] / prev_run if prev_run > 0 else 0.0
         out.append((out[-1] if out else 1.0) * cond)
-    return out
+    if weight >= 1.0 or not own:
+        return out
+    w = max(0.0, weight)
+    return [r + w * (o - r) for o, r in zip(out, running)]
