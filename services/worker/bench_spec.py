@@ -1,8 +1,9 @@
 """Where a speculative step's time goes, in process: K = 0 against K = 7.
 
     python -m dspark.worker.bench_spec [--conc 1] [--prompts 4] [--max-tokens 256]
-                                       [--verify fixed|confidence] [--rounds 2]
-                                       [--threads 2] [--dtype bfloat16] [--drafter DIR]
+                                       [--verify fixed|confidence] [--decay 0.5 ...]
+                                       [--rounds 2] [--threads 2] [--dtype bfloat16]
+                                       [--drafter DIR]
 
 The scheduler core and the runner in one process (no gRPC), on eval prompts,
 greedy, ``--conc`` requests at a time. The two deployments run the same prompts
@@ -10,7 +11,9 @@ in alternating rounds, and every runner step is split into the target forward,
 drafting, results (sampling the plain rows, verifying the drafts) and the rest.
 Prints per deployment tokens/s, steps, ms per step by part and tokens per step,
 then the ratio and the tokens per step at which K = 7 would break even with
-K = 0 (its ms per step over K = 0's ms per token). Not a test; the machine's noise
+K = 0 (its ms per step over K = 0's ms per token). With ``--verify confidence``
+and several ``--decay`` values (the scheduler's verify_confidence_decay) one
+K = 7 deployment runs per value, all in the same rounds. Not a test; the machine's noise
 applies (compare within one run).
 """
 from __future__ import annotations
@@ -66,6 +69,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="eval prompts per round")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--verify", choices=("fixed", "confidence"), default="fixed")
+    ap.add_argument("--decay", type=float, nargs="+", default=[0.5],
+                    help="verify_confidence_decay of the K = 7 deployment(s) (confidence)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--dtype", default="bfloat16")
@@ -83,11 +88,13 @@ def main() -> None:
     tok = Tokenizer.from_dir(d)
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
                for p in load_eval_prompts(args.prompts)]
-    deployments = {"k0": {"method": "dspark", "num_speculative_tokens": 0},
-                   "k7": {"method": "dspark", "num_speculative_tokens": 7,
-                          "verify": args.verify}}
+    k7 = {"method": "dspark", "num_speculative_tokens": 7, "verify": args.verify}
+    decays = args.decay if args.verify == "confidence" else [None]
+    deployments = {"k0": ({"method": "dspark", "num_speculative_tokens": 0}, None)}
+    for dec in decays:
+        deployments["k7" if len(decays) == 1 else f"k7 decay {dec:g}"] = (k7, dec)
     engines, accs = {}, {}
-    for name, spec in deployments.items():
+    for name, (spec, dec) in deployments.items():
         cfg = WorkerConfig(model=str(d), dtype=args.dtype,
                            num_kv_blocks=max(256, 48 * args.conc),
                            speculative_config=json.dumps(spec), num_leases=max(1, args.conc))
@@ -96,6 +103,8 @@ def main() -> None:
         runner = ModelRunner(cfg)
         runner.warmup()
         engines[name] = OfflineEngine(runner, max_num_seqs=args.conc)  # profiles (confidence)
+        if dec is not None:
+            engines[name].config.verify_confidence_decay = dec
         accs[name] = instrument(runner)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     tokens: dict[str, int] = defaultdict(int)
@@ -119,10 +128,12 @@ def main() -> None:
               f"tokens/step, {1e3 * acc['step'] / steps:.2f} ms/step = "
               + " + ".join(f"{p} {v:.2f}" for p, v in parts.items()) + f" + other {other:.2f}"
               + f" (drafted on {acc['draft_calls']:.0f} steps)")
-    k7_step = 1e3 * accs["k7"]["step"] / accs["k7"]["step_calls"]
-    print(f"k7 / k0: {rate['k7'] / rate['k0']:.3f}x; k7 breaks even at "
-          f"{k7_step / ms_per_token0:.2f} tokens/step")
-
+    for name in engines:
+        if name == "k0":
+            continue
+        step = 1e3 * accs[name]["step"] / accs[name]["step_calls"]
+        print(f"{name} / k0: {rate[name] / rate['k0']:.3f}x; breaks even at "
+              f"{step / ms_per_token0:.2f} tokens/step")
 
 if __name__ == "__main__":
     main()
