@@ -28,10 +28,13 @@ OFFSETS = {"s12-d3": (1.05e6 + 216_318, 106 + 95),
            "s18-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645 + 686_247,
                       106 + 95 + 80 + 34 + 40 + 55),
            "s19-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645 + 686_247 + 775_484,
-                      106 + 95 + 80 + 34 + 40 + 55 + 65)}
+                      106 + 95 + 80 + 34 + 40 + 55 + 65),
+           "s20-t1": (1.05e6 + 216_318 + 590_000 + 268_302 + 257_645 + 686_247 + 775_484
+                      + 1_107_781, 106 + 95 + 80 + 34 + 40 + 55 + 65 + 55)}
 # file stem -> legend label (the card's names for the runs)
 RUNS = {
-    "s19-t1": "s19: warm from s18, + a 3rd round, decontaminated, bf16 features (shipped)",
+    "s20-t1": "s20: warm from s19, + a 4th round, 80% chat (shipped)",
+    "s19-t1": "s19: warm from s18, + a 3rd round, decontaminated, bf16 features (shipped before)",
     "s18-t1": "s18: warm from s16, + answers to a 2nd round of synthetic prompts (shipped before)",
     "s17-t1": "s17: warm from s16, same mix, 30 min more (a candidate)",
     "s16-t1": "s16: warm from s14, + answers to synthetic prompts (shipped before)",
