@@ -13,10 +13,10 @@ Prints per deployment tokens/s, steps, ms per step by part and tokens per step,
 then the ratio and the tokens per step at which K = 7 would break even with
 K = 0 (its ms per step over K = 0's ms per token). With ``--verify confidence``
 and several ``--decay`` values (the scheduler's verify_confidence_decay) one
-K = 7 deployment runs per value, all in the same rounds. The runners share one process, and one built later
-tends to run the same forward faster (memory placement, up to ~10%: K = 0 is
-built first), so treat ratios within that band as a tie. Not a test; the machine's noise
-applies (compare within one run).
+K = 7 deployment runs per value, all in the same rounds. The runners share one
+process, and one built later tends to run the same forward faster (memory
+placement, up to ~10%; K = 0 is built first), so treat ratios within that band
+as a tie. Not a test; the machine's noise applies (compare within one run).
 """
 from __future__ import annotations
 
