@@ -28,6 +28,7 @@ from dspark.shared.client import Client
 from dspark.shared.config import WorkerConfig
 from dspark.shared.launcher import start_cluster
 from dspark.shared.types import SamplingParams
+from dspark.worker.bench_spec import run_round
 from dspark.worker.convert import prepare_default_model
 from dspark.worker.runner import ModelRunner
 from dspark.worker.training.engine import OfflineEngine
@@ -78,10 +79,9 @@ def main() -> None:
             for n, p in procs.items():
                 cpu[n] += cpu_seconds(p.pid) - before[n]
             cpu["client"] += self_cpu() - before["client"]
-            t0 = time.perf_counter()
-            n_tok = sum(len(out) for _, out, _ in engine.generate(
-                [(f"{rd}-{i}", ids[i], sampling) for i in range(conc)]))
-            inproc.append(n_tok / (time.perf_counter() - t0))
+            n_tok, secs = run_round(engine, [(f"{rd}-{i}", ids[i]) for i in range(conc)],
+                                    sampling)
+            inproc.append(n_tok / secs)
             print(f"round {rd}: services {pool_rounds([svc[-1]])['tokens_per_s']:.1f} tok/s, "
                   f"in process {inproc[-1]:.1f} tok/s", flush=True)
         s, i = pool_rounds(svc)["tokens_per_s"], sum(inproc) / len(inproc)
