@@ -23,6 +23,7 @@ import torch
 from dspark.shared.types import SpsProfile
 
 from .model.kv_cache import build_metadata
+from .model.native_argmax import argmax_rows
 from .sampler import RowParams
 
 GRID = (1, 8, 32, 128, 256)
@@ -64,7 +65,7 @@ def measure(runner, budget_s: float = 2.0, grid=GRID) -> SpsProfile:
                 if taps_w else None)
         logits = model.forward(tokens, meta, kv, torch.arange(rows, device=dev),
                                runner.tap_layers, taps)
-        logits.argmax(-1)  # the verify rows' greedy reduction
+        argmax_rows(logits)  # the verify rows' greedy reduction
 
     t_start = time.perf_counter()
     forward(min(8, grid[-1]))  # shapes warm

@@ -15,6 +15,8 @@ import torch
 
 from dspark.shared.rng import mix_seed  # stream 0 of the counter-based RNG
 
+from .model.native_argmax import argmax_rows
+
 
 @dataclass(frozen=True)
 class RowParams:
@@ -34,7 +36,7 @@ class RowParams:
 def sample(logits: torch.Tensor, params: list[RowParams]) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: [N, V] float32 -> (token ids [N] long, logprobs [N] float32)."""
     logprobs_all = torch.log_softmax(logits, dim=-1)  # [N, V]
-    tokens = torch.argmax(logits, dim=-1)  # [N] greedy default
+    tokens = argmax_rows(logits)  # [N] greedy default
     rand = [i for i, p in enumerate(params) if not p.greedy]
     if rand:
         idx = torch.tensor(rand, dtype=torch.long, device=logits.device)
@@ -42,7 +44,7 @@ def sample(logits: torch.Tensor, params: list[RowParams]) -> tuple[torch.Tensor,
         noise = torch.stack([_exp_noise(params[i], logits.shape[1]) for i in rand])
         noise = noise.to(logits.device)
         # argmax(p / E) == argmax(log p - log E); masked logits are -inf
-        picked = torch.argmax(torch.log_softmax(sub, dim=-1) - noise.log(), dim=-1)
+        picked = argmax_rows(torch.log_softmax(sub, dim=-1) - noise.log())
         tokens.index_copy_(0, idx, picked)
     logprobs = logprobs_all.gather(1, tokens[:, None])[:, 0]
     return tokens, logprobs

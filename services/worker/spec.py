@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from .model.drafter import DSparkDrafter
+from .model.native_argmax import argmax_rows
 from .sampler import RowParams
 from .verify import processed_probs, sample_draft
 
@@ -174,7 +175,7 @@ class LeasePool:
         rows: dict[int, list[torch.Tensor]] = {i: [] for i in sampled}
 
         def pick(k: int, logits: torch.Tensor):
-            slot = logits.argmax(-1)
+            slot = argmax_rows(logits)
             if not sampled:
                 return slot, None
             sel = torch.tensor(sampled, dtype=torch.long, device=dev)

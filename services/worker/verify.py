@@ -34,6 +34,7 @@ import torch
 from dspark.shared.acceptance import VerifyResult
 from dspark.shared.rng import STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, uniform
 
+from .model.native_argmax import argmax_rows
 from .sampler import RowParams, _exp_noise, _filtered_logits
 
 
@@ -63,7 +64,7 @@ def processed_probs(logits: torch.Tensor, params: Sequence[RowParams]) -> torch.
     rand = [i for i, p in enumerate(params) if not p.greedy]
     if greedy:
         g = _index(greedy, logits.device)
-        probs.index_put_((g, logits.index_select(0, g).argmax(-1)),
+        probs.index_put_((g, argmax_rows(logits.index_select(0, g))),
                          torch.ones(len(greedy), device=logits.device))
     if rand:
         r = _index(rand, logits.device)
@@ -80,7 +81,7 @@ def sample_draft(probs: torch.Tensor, params: Sequence[RowParams],
     inverse CDF with ``uniform(seed, positions[i], STREAM_DRAFT)``, where
     positions[i] is the position of the drafted token.
     """
-    tokens = probs.argmax(-1)
+    tokens = argmax_rows(probs)
     rand = [i for i, p in enumerate(params) if not p.greedy]
     if rand:
         r = _index(rand, probs.device)
@@ -151,7 +152,7 @@ class _Rows:
 
 def _target_rows(logits: torch.Tensor, row_params: list[RowParams]) -> tuple[list[int], _Rows]:
     """t_j for every row (as ``sampler.sample``) and q_j for the sampled rows."""
-    target = logits.argmax(-1)  # [n] greedy rows: argmax of the raw logits
+    target = argmax_rows(logits)  # [n] greedy rows: argmax of the raw logits
     rand = [j for j, p in enumerate(row_params) if not p.greedy]
     if not rand:
         return target.tolist(), _Rows(None, [])
@@ -159,7 +160,7 @@ def _target_rows(logits: torch.Tensor, row_params: list[RowParams]) -> tuple[lis
     sub = _filtered_logits(logits.index_select(0, r).float(), [row_params[j] for j in rand])
     # the sampler's exponential race, term for term, so t_j == sample()'s token
     noise = torch.stack([_exp_noise(row_params[j], logits.shape[1]) for j in rand])
-    picked = torch.argmax(torch.log_softmax(sub, dim=-1) - noise.to(logits.device).log(), -1)
+    picked = argmax_rows(torch.log_softmax(sub, dim=-1) - noise.to(logits.device).log())
     target.index_copy_(0, r, picked)
     return target.tolist(), _Rows(torch.softmax(sub, dim=-1), rand)
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .llama import rope_inv_freq
+from .native_argmax import argmax_rows
 
 # Loss mixture of DSPARK.md section 2.4.
 CE_WEIGHT, L1_WEIGHT, BCE_WEIGHT, SLOT_DECAY = 0.1, 0.9, 1.0, 4.0
@@ -588,7 +589,7 @@ class DSparkDrafter(torch.nn.Module):
                 p = torch.softmax(logits / temperature, -1)
                 slot = torch.multinomial(p, 1, generator=generator).squeeze(1)
             else:
-                slot, p = logits.argmax(-1), None
+                slot, p = argmax_rows(logits), None
             probs.append(None if p is None else p.gather(1, slot.unsqueeze(1)).squeeze(1).float())
             x = self.to_target_ids(slot)
             toks.append(x)

@@ -11,6 +11,7 @@ torch::Tensor pack_rows_weight(torch::Tensor w);
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor wp, int64_t N);
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul_rows(torch::Tensor gu);
+torch::Tensor argmax_rows(torch::Tensor x);
 bool has_linear_bf16();
 torch::Tensor pack_bf16_weight(torch::Tensor w);
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N);
@@ -28,4 +29,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16", &linear_bf16, "x [M, K] @ w.T from a packed w, bf16 (N outputs)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row of x [T, d], fp32");
   m.def("silu_mul_rows", &silu_mul_rows, "[gate | up] [T, 2I] -> silu(gate) * up, fp32");
+  m.def("argmax_rows", &argmax_rows, "x [M, N] fp32 or bf16 -> int64 [M], as x.argmax(-1)");
 }

@@ -1,5 +1,5 @@
-// Per-row elementwise ops of a decode or verify step, fp32 or bf16: RMSNorm and
-// the SwiGLU product. With a few rows, PyTorch's versions cost their dispatch
+// Per-row ops of a decode or verify step, fp32 or bf16: RMSNorm, the SwiGLU
+// product, and the argmax of logits rows. With a few rows, PyTorch's versions cost their dispatch
 // (F.rms_norm is 8 ops, ~60 us a call on the project's 2-core AVX2 CPU, 14 us
 // in bf16 on the AVX512-BF16 one, 61 calls a forward); these are one call each.
 // Every row is computed on its own, in a fixed order, so a row's result does not
@@ -8,6 +8,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -107,7 +108,76 @@ void silu_mul_impl(const T* gp, T* yp, int64_t t, int64_t n) {
   });
 }
 
+// Index of the first maximum of x[0..n), NaN counting as the maximum (the first
+// NaN wins), as torch.argmax. One pass: each of 8 lanes keeps its best value and
+// the first index where it was seen (a strict > keeps the earliest on ties).
+template <typename T>
+int64_t argmax_row(const T* x, int64_t n) {
+  const int64_t n8 = n / 8 * 8;
+  float bv = -INFINITY;
+  int64_t bi = 0;
+  bool nan = false;
+  if (n8 > 0) {
+    const i8v iota = {0, 1, 2, 3, 4, 5, 6, 7};
+    f8v best = ld8(x);
+    i8v idx = iota;
+    i8v seen_nan = (i8v)(best != best);
+    for (int64_t i = 8; i < n8; i += 8) {
+      const f8v v = ld8(x + i);
+      const i8v gt = (i8v)(v > best);
+      best = gt ? v : best;
+      idx = gt ? iota + static_cast<int32_t>(i) : idx;
+      seen_nan |= (i8v)(v != v);
+    }
+    for (int l = 0; l < 8; ++l) nan |= seen_nan[l] != 0;
+    bv = best[0];
+    bi = idx[0];
+    for (int l = 1; l < 8; ++l)
+      if (best[l] > bv || (best[l] == bv && idx[l] < bi)) bv = best[l], bi = idx[l];
+  }
+  for (int64_t i = n8; i < n; ++i) {
+    const float v = ld1(x + i);
+    nan |= v != v;
+    if (v > bv || (i == 0)) bv = v, bi = i;
+  }
+  if (nan)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = ld1(x + i);
+      if (v != v) return i;
+    }
+  return bi;
+}
+
+template <typename T>
+void argmax_impl(const T* xp, int64_t* out, int64_t m, int64_t n, int64_t pitch) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / n);
+  at::parallel_for(0, m, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) out[r] = argmax_row(xp + r * pitch, n);
+  });
+}
+
 }  // namespace
+
+// The argmax of each row of x [M, N] (float32 or bfloat16; rows contiguous, any
+// row stride) -> int64 [M], equal to x.argmax(-1) (first maximum; a NaN is the
+// maximum). PyTorch's CPU argmax is
+// not vectorized: ~230 us for 8 rows of a 49k vocabulary in float32, 760 us in
+// bf16; this is one pass at vector width.
+torch::Tensor argmax_rows(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0, "argmax_rows: x [M, N] with N > 0");
+  TORCH_CHECK((x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                  x.stride(1) == 1 && x.stride(0) >= x.size(1),
+              "argmax_rows: float32 or bfloat16 with contiguous rows");
+  TORCH_CHECK(x.size(1) < (int64_t{1} << 31), "argmax_rows: N must be < 2^31");
+  auto out = torch::empty({x.size(0)}, x.options().dtype(at::kLong));
+  if (x.scalar_type() == at::kFloat)
+    argmax_impl(x.data_ptr<float>(), out.data_ptr<int64_t>(), x.size(0), x.size(1),
+                x.stride(0));
+  else
+    argmax_impl(x.data_ptr<at::BFloat16>(), out.data_ptr<int64_t>(), x.size(0), x.size(1),
+                x.stride(0));
+  return out;
+}
 
 // y = x / sqrt(mean(x^2) + eps) * w, per row of x [T, d]; w [d] (same dtype).
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps) {
