@@ -90,6 +90,33 @@ def test_a_row_does_not_depend_on_its_batch():
         row += n
 
 
+def test_the_thread_count_does_not_change_a_row():
+    """A batch-1 verify window (3 KV heads) and a small batch, at 1 to 8 threads:
+    the same bit for bit (a worker's output must not depend on its --threads),
+    and equal to the PyTorch path to bf16 rounding."""
+    rng = random.Random(11)
+    g = torch.Generator().manual_seed(11)
+    bs, heads, kvh, hd = 8, 9, 3, 64
+    before = torch.get_num_threads()
+    for seqs in ([(45, 8, list(range(7)))], random_step(rng, 2, 8, bs, 40)):
+        t = sum(n for _, n, _ in seqs)
+        k, v = (torch.randn(40 * bs, kvh, hd, generator=g).to(torch.bfloat16)
+                for _ in range(2))
+        q = torch.randn(t, heads, hd, generator=g).to(torch.bfloat16)
+        kn, vn = (torch.randn(t, kvh, hd, generator=g).to(torch.bfloat16) for _ in range(2))
+        outs = []
+        try:
+            for threads in (1, 2, 3, 4, 8):
+                torch.set_num_threads(threads)
+                outs.append(attend(seqs, q, kn, vn, k, v, bs, heads // kvh, native=True))
+        finally:
+            torch.set_num_threads(before)
+        for o in outs[1:]:
+            assert torch.equal(o, outs[0])
+        ref = attend(seqs, q, kn, vn, k, v, bs, heads // kvh, native=False)
+        assert torch.allclose(outs[0].float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_invalid_inputs_are_refused():
     q = torch.randn(2, 4, 24)  # head_dim 24: not a multiple of the kernel's 16 lanes
     k = torch.randn(16, 2, 24)
