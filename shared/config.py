@@ -67,8 +67,9 @@ def parse_verify_policy(text: str) -> str:
 
 def parse_sps_profile(text: str):
     """A pinned cost profile, JSON ``{"rows": [1, 8, ...], "forward_ms": [...],
-    "draft_fixed_ms": F, "draft_per_request_ms": P}`` -> SpsProfile (ValueError
-    naming the field otherwise)."""
+    "draft_fixed_ms": F, "draft_per_request_ms": P, "draft_per_position_ms": Q}``
+    (Q optional, 0: every depth costs P) -> SpsProfile (ValueError naming the
+    field otherwise)."""
     from dspark.shared.types import SpsProfile
 
     try:
@@ -76,16 +77,17 @@ def parse_sps_profile(text: str):
         if not isinstance(d, dict):
             raise ValueError("must be a JSON object")
         unknown = sorted(set(d) - {"rows", "forward_ms", "draft_fixed_ms",
-                                   "draft_per_request_ms"})
+                                   "draft_per_request_ms", "draft_per_position_ms"})
         if unknown:
             raise ValueError(f"unknown keys {unknown}")
         prof = SpsProfile(rows=tuple(int(x) for x in d["rows"]),
                           forward_ms=tuple(float(x) for x in d["forward_ms"]),
                           draft_fixed_ms=float(d.get("draft_fixed_ms", 0.0)),
                           draft_per_request_ms=float(d.get("draft_per_request_ms", 0.0)),
+                          draft_per_position_ms=float(d.get("draft_per_position_ms", 0.0)),
                           pinned=True)
-        if min(prof.forward_ms) <= 0 or min(prof.draft_fixed_ms,
-                                             prof.draft_per_request_ms) < 0:
+        if min(prof.forward_ms) <= 0 or min(prof.draft_fixed_ms, prof.draft_per_request_ms,
+                                             prof.draft_per_position_ms) < 0:
             raise ValueError("times must be > 0 (forward) and >= 0 (drafting)")
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"sps_profile={text!r} is invalid: {e}") from None

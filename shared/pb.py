@@ -135,6 +135,7 @@ def sps_profile_to_pb(p: SpsProfile) -> worker_pb2.SpsProfile:
     return worker_pb2.SpsProfile(rows=list(p.rows), forward_ms=list(p.forward_ms),
                                  draft_fixed_ms=p.draft_fixed_ms,
                                  draft_per_request_ms=p.draft_per_request_ms,
+                                 draft_per_position_ms=p.draft_per_position_ms,
                                  pinned=p.pinned)
 
 
@@ -143,7 +144,8 @@ def sps_profile_from_pb(m: worker_pb2.SpsProfile) -> SpsProfile | None:
         return None
     return SpsProfile(rows=tuple(m.rows), forward_ms=tuple(m.forward_ms),
                       draft_fixed_ms=m.draft_fixed_ms,
-                      draft_per_request_ms=m.draft_per_request_ms, pinned=m.pinned)
+                      draft_per_request_ms=m.draft_per_request_ms,
+                      draft_per_position_ms=m.draft_per_position_ms, pinned=m.pinned)
 
 
 def info_to_pb(i: WorkerInfo) -> worker_pb2.InfoResponse:

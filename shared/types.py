@@ -108,7 +108,8 @@ class StepOutput:
 @dataclass(frozen=True)
 class SpsProfile:
     """A worker's measured costs (proto SpsProfile): forward wall time over B rows
-    on a grid, and drafting as fixed + per drafted request, all in milliseconds."""
+    on a grid, and drafting as fixed + per drafted request at depth 1 + per
+    request and position past the first, all in milliseconds."""
 
     rows: tuple[int, ...]
     forward_ms: tuple[float, ...]
@@ -117,6 +118,9 @@ class SpsProfile:
     # pinned by the operator (--sps-profile): the scheduler uses it as given;
     # a measured one it corrects from observed step times (profile_fit.py)
     pinned: bool = False
+    # each draft position past the first, per drafting request (the draft head,
+    # the Markov step and the pick run once per position; the backbone once)
+    draft_per_position_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.rows or len(self.rows) != len(self.forward_ms):
@@ -140,10 +144,17 @@ class SpsProfile:
             return y0
         return y0 + slope * (rows - x0)
 
-    def step(self, rows: int, drafting: int) -> float:
-        """Step ms: forward over ``rows`` rows plus drafting for ``drafting`` requests."""
-        draft = self.draft_fixed_ms + drafting * self.draft_per_request_ms if drafting else 0.0
-        return self.forward(rows) + draft
+    def draft(self, drafting: int, depth: int = 1) -> float:
+        """Drafting ms for ``drafting`` requests, ``depth`` drafts each (0 if none)."""
+        if not drafting:
+            return 0.0
+        per = self.draft_per_request_ms + max(0, depth - 1) * self.draft_per_position_ms
+        return self.draft_fixed_ms + drafting * per
+
+    def step(self, rows: int, drafting: int, depth: int = 1) -> float:
+        """Step ms: forward over ``rows`` rows plus drafting for ``drafting``
+        requests at ``depth`` drafts each."""
+        return self.forward(rows) + self.draft(drafting, depth)
 
 
 @dataclass(frozen=True)

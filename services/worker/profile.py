@@ -3,7 +3,8 @@
 Measures, after warm-up, the wall time of one target forward over B verify-like
 rows (windows of up to K + 1 rows per sequence after a shared context, logits for
 every row, tap rows captured: what a verify step computes) for B on a small
-grid, and the drafter's cost for 1 and n requests (-> fixed + per request). The
+grid, and the drafter's cost for 1 and n requests at depth 1 (-> fixed + per
+request) and for n at depth K (-> per request and position past the first). The
 scheduler sizes each step's verify budget from it
 (``dspark.scheduler.core.verify_budget``).
 
@@ -79,13 +80,17 @@ def measure(runner, budget_s: float = 2.0, grid=GRID) -> SpsProfile:
                 break
         rows.append(b)
         times.append(_best_ms(lambda: forward(b)))
-    fixed, per = _draft_cost(runner, ctx)
+    fixed, per, per_pos = _draft_cost(runner, ctx)
     return SpsProfile(rows=tuple(rows), forward_ms=tuple(times), draft_fixed_ms=fixed,
-                      draft_per_request_ms=per)
+                      draft_per_request_ms=per, draft_per_position_ms=per_pos)
 
 
-def _draft_cost(runner, ctx: int) -> tuple[float, float]:
-    """(fixed, per request) ms of drafting, from batches of 1 and n requests."""
+def _draft_cost(runner, ctx: int) -> tuple[float, float, float]:
+    """(fixed, per request, per request and position past the first) ms of
+    drafting, from batches of 1 and n requests at depth 1 and n at depth K (the
+    scheduler asks for min(K, budget) drafts: at a budget of 1 the draft head
+    and Markov step run for one position; at 8 concurrent requests on the
+    project's 2-core CPU depth 1 costs ~0.5 ms a request against ~1 at 7)."""
     pool = runner.leases
     n = min(8, pool.num_leases)
     ids = list(range(n))
@@ -100,16 +105,20 @@ def _draft_cost(runner, ctx: int) -> tuple[float, float]:
             pool.write(lease, 0, taps)
         params = [RowParams(0.0, 0, 1.0, 0, ctx)] * n
 
-        def draft(m: int) -> None:
-            pool.draft(ids[:m], [1] * m, [ctx] * m, params[:m])
+        k = runner.num_spec
 
-        draft(n)  # warm
-        one = _best_ms(lambda: draft(1))
-        if n == 1:
-            return one, 0.0
-        many = _best_ms(lambda: draft(n))
+        def draft(m: int, depth: int) -> None:
+            pool.draft(ids[:m], [1] * m, [ctx] * m, params[:m], depth=depth)
+
+        draft(n, k)  # warm
+        one = _best_ms(lambda: draft(1, 1))
+        many = _best_ms(lambda: draft(n, 1))
+        deep = _best_ms(lambda: draft(n, k))
     finally:
         for name in names:
             pool.release(name)
+    per_pos = max(0.0, (deep - many) / (n * (k - 1))) if k > 1 else 0.0
+    if n == 1:
+        return one, 0.0, per_pos
     per = max(0.0, (many - one) / (n - 1))
-    return max(0.0, one - per), per
+    return max(0.0, one - per), per, per_pos

@@ -98,6 +98,7 @@ async def serve(config: WorkerConfig) -> None:
                      forward_ms=[round(x, 2) for x in prof.forward_ms],
                      draft_fixed_ms=round(prof.draft_fixed_ms, 2),
                      draft_per_request_ms=round(prof.draft_per_request_ms, 2),
+                     draft_per_position_ms=round(prof.draft_per_position_ms, 3),
                      verify_policy=runner.verify_policy)
     except BaseException as e:
         log.error("startup_failed", error=str(e))

@@ -72,6 +72,22 @@ def test_drafting_cost_scales_with_its_row_count():
     assert p.step(8, 1) == pytest.approx(15.0, rel=0.01)
 
 
+def test_a_step_is_compared_with_its_own_draft_depth():
+    """Steps timed exactly as the base profile prices their depth move nothing;
+    the same times read as depth 1 would look 6 x 10 ms too slow."""
+    base = SpsProfile(rows=(1, 8), forward_ms=(100.0, 100.0), draft_per_request_ms=5.0,
+                      draft_per_position_ms=10.0)
+    p = OnlineProfile(base)
+    for _ in range(20):
+        p.observe(8, 2, 100.0 + 2 * (5.0 + 6 * 10.0), depth=7)
+    assert p.factor(8) == pytest.approx(1.0)
+    assert p.current().draft_per_position_ms == pytest.approx(10.0)
+    shallow = OnlineProfile(base)
+    for _ in range(20):
+        shallow.observe(8, 2, 100.0 + 2 * (5.0 + 6 * 10.0))
+    assert shallow.factor(8) > 1.5
+
+
 @pytest.mark.parametrize("kw", [dict(rate=0.0), dict(rate=1.5), dict(max_move=0.0)])
 def test_bad_settings_are_refused(kw):
     with pytest.raises(ValueError):

@@ -21,6 +21,12 @@ def test_profile_interpolates_and_extrapolates():
     assert p.forward(64) == pytest.approx(30.0 + 32 * 18 / 24)  # past the grid: linear
     assert p.step(8, 0) == 12.0  # nothing drafts: no drafter cost
     assert p.step(8, 4) == pytest.approx(12.0 + 3.0 + 2.0)
+    assert p.step(8, 4, depth=7) == p.step(8, 4)  # no per-position cost measured
+    d = SpsProfile(rows=(1,), forward_ms=(10.0,), draft_fixed_ms=3.0,
+                   draft_per_request_ms=0.5, draft_per_position_ms=0.25)
+    assert d.step(1, 4, depth=1) == pytest.approx(10.0 + 3.0 + 4 * 0.5)
+    assert d.step(1, 4, depth=7) == pytest.approx(10.0 + 3.0 + 4 * (0.5 + 6 * 0.25))
+    assert d.step(1, 0, depth=7) == 10.0
     with pytest.raises(ValueError, match="ascending"):
         SpsProfile(rows=(8, 1), forward_ms=(1.0, 2.0))
 
@@ -84,6 +90,28 @@ def test_running_estimate_and_per_request_estimate():
     assert est == pytest.approx([0.9, 0.9 * 4 / 32])
     assert estimate([], run, 2) == pytest.approx(run)
     assert estimate([0.9, 0.8, 0.7], run, 2) == pytest.approx([0.9, 0.72])
+
+
+def test_a_short_budget_pays_for_a_shallow_draft_only():
+    """The worker drafts min(K, V) positions, so the walk prices V = 1 at depth 1.
+    Flat forward (30 ms), drafting 1 ms a request plus 2 ms per position past
+    the first: one draft at a = .3 brings 1.3 tokens in 31 ms (> 1 in 30); a
+    second at a = .03 would cost 2 ms more for .03. Priced at full depth (13 ms,
+    as a profile without per-position costs says) the same draft would not pay."""
+    cands = [cumulative([0.3, 0.1, 0.5, 0.5, 0.5, 0.5, 0.5])]  # .3, .03, ...
+    shallow = SpsProfile(rows=(1, 256), forward_ms=(30.0, 30.0), draft_per_request_ms=1.0,
+                         draft_per_position_ms=2.0)
+    assert size_verify_budget(shallow, 1, 1, cands, max_budget=7) == 1
+    assert 1.3 / 31 > 1 / 30 > 1.3 / 43
+    full = SpsProfile(rows=(1, 256), forward_ms=(30.0, 30.0), draft_per_request_ms=13.0)
+    assert size_verify_budget(full, 1, 1, cands, max_budget=7) == 0
+    # two requests with K = 3: a budget of 6 drafts 3 positions each, not 6
+    # (2 + 5.88 tokens in 30 + 2 * 2 * 10 ms beats V = 1's 2.99 in 30; priced at
+    # depth 6 it would cost 130 ms and lose to it)
+    k3 = [cumulative([0.99, 0.99, 0.99])] * 2
+    p = SpsProfile(rows=(1, 256), forward_ms=(30.0, 30.0), draft_per_position_ms=10.0)
+    assert size_verify_budget(p, 2, 2, k3, max_budget=6) == 6
+    assert (2 + 5.88) / 70 > 2.99 / 30 > (2 + 5.88) / 130
 
 
 def test_only_requests_in_the_best_prefix_draft_and_pay_for_it():

@@ -115,7 +115,7 @@ def test_verify_budget_spec_summary_and_profile_round_trip():
                         verify_budget=budget)
         assert pb.step_from_pb(pb.step_to_pb(plan)) == plan
     prof = SpsProfile(rows=(1, 8, 32), forward_ms=(30.0, 32.0, 45.0), draft_fixed_ms=9.0,
-                      draft_per_request_ms=1.0)
+                      draft_per_request_ms=1.0, draft_per_position_ms=0.25)
     info = WorkerInfo("m", "id", 100, 8, 2, 64, 16, 512, (2, 3), "float32", "cpu", (0, 1),
                       num_speculative_tokens=7, num_leases=4, verify_policy="confidence",
                       sps_profile=prof)
@@ -138,6 +138,14 @@ def test_pinned_sps_profile():
     cfg = WorkerConfig(sps_profile=text)
     prof = parse_sps_profile(cfg.sps_profile)
     assert prof.rows == (1, 8, 9) and prof.forward(8) == 30.0 and prof.step(9, 1) == 62.0
+    assert prof.draft_per_position_ms == 0.0 and prof.step(9, 1, depth=7) == 62.0
+    deep = parse_sps_profile(json.dumps({"rows": [1], "forward_ms": [10],
+                                         "draft_per_request_ms": 1,
+                                         "draft_per_position_ms": 0.5}))
+    assert deep.step(1, 2, depth=1) == 12.0 and deep.step(1, 2, depth=7) == 18.0
+    with pytest.raises(ValueError, match="sps_profile=.*>= 0"):
+        parse_sps_profile(json.dumps({"rows": [1], "forward_ms": [10],
+                                      "draft_per_position_ms": -1}))
     for bad in ('{"rows": [8, 1], "forward_ms": [1, 2]}', '{"rows": [1], "forward_ms": [0]}',
                 '{"rows": [1]}', '{"rows": [1], "forward_ms": [1], "x": 1}', "[1]", "{"):
         with pytest.raises(ValueError, match="sps_profile=.* is invalid"):

@@ -61,6 +61,7 @@ def test_profile_is_measured_only_with_speculation(tiny_model_dir, drafter_dir):
     assert prof.rows[0] == 1 and len(prof.rows) >= 2 and list(prof.rows) == sorted(prof.rows)
     assert all(t > 0 for t in prof.forward_ms)
     assert prof.draft_fixed_ms >= 0 and prof.draft_per_request_ms >= 0
+    assert prof.draft_per_position_ms >= 0
     assert prof.draft_fixed_ms + prof.draft_per_request_ms > 0
     info = pb.info_from_pb(pb.info_to_pb(rc.info()))  # the scheduler sees it over gRPC
     assert info.sps_profile == pytest.approx(prof) or info.sps_profile.rows == prof.rows

@@ -68,8 +68,8 @@ class OnlineProfile:
         i, j, w = self._bracket(rows)
         return math.exp((1.0 - w) * self._point(i) + w * self._point(j))
 
-    def step(self, rows: int, drafting: int) -> float:
-        return self.base.step(rows, drafting) * self.factor(rows)
+    def step(self, rows: int, drafting: int, depth: int = 1) -> float:
+        return self.base.step(rows, drafting, depth) * self.factor(rows)
 
     def forward(self, rows: int) -> float:
         return self.base.forward(rows) * self.factor(rows)
@@ -80,16 +80,18 @@ class OnlineProfile:
         return SpsProfile(rows=self.base.rows,
                           forward_ms=tuple(t * f for t, f in zip(self.base.forward_ms, fs)),
                           draft_fixed_ms=self.base.draft_fixed_ms * fs[0],
-                          draft_per_request_ms=self.base.draft_per_request_ms * fs[0])
+                          draft_per_request_ms=self.base.draft_per_request_ms * fs[0],
+                          draft_per_position_ms=self.base.draft_per_position_ms * fs[0])
 
     # ---- learning
-    def observe(self, rows: int, drafting: int, ms: float) -> None:
+    def observe(self, rows: int, drafting: int, ms: float, depth: int = 1) -> None:
         """One step's wall time ``ms`` over ``rows`` rows with ``drafting`` drafting
-        requests. Ignored when it carries no time (or no rows)."""
+        requests at ``depth`` drafts each. Ignored when it carries no time (or no
+        rows)."""
         if rows < 1 or not ms > 0.0 or not math.isfinite(ms):
             return
         i, j, w = self._bracket(rows)
-        target = math.log(ms / self.base.step(rows, drafting))
+        target = math.log(ms / self.base.step(rows, drafting, depth))
         now = (1.0 - w) * self._point(i) + w * self._point(j)
         move = max(-self.max_move, min(self.max_move, self.rate * (target - now)))
         # each point moves in proportion to its weight, so that the interpolated

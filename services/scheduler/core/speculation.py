@@ -197,14 +197,17 @@ class SpeculationMixin:
         prof = self.sps_profile
         if not isinstance(prof, OnlineProfile) or not output.forward_ms > 0.0:
             return
-        rows = drafting = 0
+        rows = drafting = depth = 0
         for seq in plan.seqs:
             rows += len(seq.token_ids) or 1  # a deferred anchor is one row
             if seq.num_speculative_tokens:
                 drafting += 1
+                depth = max(depth, seq.num_speculative_tokens)
                 out = by_id.get(seq.request_id)
                 rows += len(out.draft_tokens) if out is not None else 0
-        prof.observe(rows, drafting, output.forward_ms)
+        if plan.verify_budget is not None:  # the worker drafts min(k, budget) positions
+            depth = max(1, min(depth, plan.verify_budget))
+        prof.observe(rows, drafting, output.forward_ms, depth)
 
     # ------------------------------------------------------------------ results
 

@@ -13,7 +13,9 @@ the budget V, the total number of draft rows the step verifies:
 - take the candidates (r, j) by a descending (ties: smaller j, then plan order):
   each adds one row and a_{r,j} expected tokens; the requests with a candidate
   in the prefix are the ones that draft (the drafter's measured fixed cost from
-  the first one on, plus its per-request cost for each);
+  the first one on, plus its per-request cost for each at the prefix's draft
+  depth: the worker drafts min(K, V) positions per drafting request, so a
+  budget of 1 or 2 rows pays for 1 or 2 positions of the draft head, not K);
 - V = the prefix with the best expected tokens per second, tau / time, and
   those requests draft (``choose_drafters``); the others run a plain step.
 
@@ -56,13 +58,14 @@ def size_verify_budget(profile: SpsProfile, base_rows: int, base_tokens: int,
     cands = _ranked(candidates)[:max(0, max_budget)]
     if not cands:
         return 0
+    k_max = max(len(cs) for cs in candidates)
     drafting: set[int] = set()
     tau = float(base_tokens)
     best_v, best_rate = 0, tau / profile.step(base_rows, 0)
     for v, (neg_a, _, r) in enumerate(cands, start=1):
         tau -= neg_a
         drafting.add(r)
-        rate = tau / profile.step(base_rows + v, len(drafting))
+        rate = tau / profile.step(base_rows + v, len(drafting), min(v, k_max))
         if rate > best_rate:
             best_v, best_rate = v, rate
     return best_v
