@@ -345,6 +345,7 @@ class DSparkDrafter(torch.nn.Module):
                              f"ids in [0, {self.config.target_vocab_size})")
         self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
         self._vocab_index = None
+        self._w1_slot = None
 
     def vocab_index(self) -> torch.Tensor:
         """[V] long: the draft slot of each target token, -1 when not draftable."""
@@ -409,6 +410,10 @@ class DSparkDrafter(torch.nn.Module):
         self._packed_fc = pack_fn(self.fc.contiguous())
         self._packed_w2 = pack_fn(self.markov_w2.contiguous()) \
             if self.config.markov_rank else None
+        # W1's rows of the draftable tokens, by draft slot: the drafting loop feeds
+        # each pick back without mapping it to a target id first
+        self._w1_slot = self.markov_w1[self.draft_vocab].contiguous() \
+            if self.config.markov_rank and self.draft_vocab is not None else None
         return True
 
     def _plin(self, x: torch.Tensor, w: torch.Tensor, packed_name: str) -> torch.Tensor:
@@ -575,14 +580,18 @@ class DSparkDrafter(torch.nn.Module):
             k_max, h = depth, h[:, :depth]
         base = self.base_logits(h)  # [B, depth, Vd]
         w1 = self.markov_w1 if c.markov_rank else None
+        # serving (packed): the loop carries draft slots, W1 read by slot, and maps
+        # them to target ids once at the end (the same rows, one op less a step)
+        w1_slot = getattr(self, "_w1_slot", None) if w1 is not None else None
         prev, toks, probs, dists, rows = anchors, [], [], [], []
         for k in range(k_max):
             logits = base[:, k]
             if w1 is not None:
-                e = F.embedding(prev, w1)  # [B, r]: W1[x_{k-1}]
+                # [B, r]: W1[x_{k-1}] (the anchor by id, the drafts by slot)
+                e = F.embedding(prev, w1 if k == 0 or w1_slot is None else w1_slot)
                 rows.append(e)
-                if use_markov:  # B(x_{k-1}) = W2 @ W1[x_{k-1}], as markov_bias
-                    logits = logits + self._plin(e, self.markov_w2, "_packed_w2").float()
+                if use_markov:  # + B(x_{k-1}) = W2 @ W1[x_{k-1}] (as markov_bias), in fp32
+                    logits = torch.add(logits, self._plin(e, self.markov_w2, "_packed_w2"))
             if pick is not None:
                 slot, p = pick(k, logits)
             elif temperature > 0:
@@ -591,11 +600,10 @@ class DSparkDrafter(torch.nn.Module):
             else:
                 slot, p = argmax_rows(logits), None
             probs.append(None if p is None else p.gather(1, slot.unsqueeze(1)).squeeze(1).float())
-            x = self.to_target_ids(slot)
-            toks.append(x)
+            toks.append(slot)
             if return_dists:
                 dists.append(self._full_dist(p, slot))
-            prev = x
+            prev = slot if w1_slot is not None else self.to_target_ids(slot)
         feats = torch.cat([h, torch.stack(rows, 1)], -1) if rows else h  # [B, K, d (+r)]
         z = F.linear(feats, self.conf_w, self.conf_b).squeeze(-1).float()  # [B, K]
         temps = c.confidence_temperatures
@@ -605,7 +613,7 @@ class DSparkDrafter(torch.nn.Module):
         if any(pk is None for pk in probs):
             ones = torch.ones(b, dtype=torch.float32, device=h.device)
         q = torch.stack([ones if pk is None else pk for pk in probs], 1)
-        return DraftOutput(torch.stack(toks, 1), q,
+        return DraftOutput(self.to_target_ids(torch.stack(toks, 1)), q,
                            torch.stack(dists, 1) if return_dists else None,
                            torch.sigmoid(z))
 
