@@ -3,10 +3,13 @@
     python -m dspark.worker.bench_spec [--conc 1] [--prompts 4] [--max-tokens 256]
                                        [--verify fixed|confidence] [--decay 0.5 ...]
                                        [--price depth|full ...] [--rounds 2]
+                                       [--temperature 0] [--top-p 1] [--top-k 0]
                                        [--threads 2] [--dtype bfloat16] [--drafter DIR]
 
 Each deployment is the scheduler core and a runner (no gRPC) in a process of
-its own, on eval prompts, greedy, ``--conc`` requests at a time. The
+its own, on eval prompts, greedy (or sampled: ``--temperature`` and optionally
+``--top-p`` / ``--top-k``, request i seeded with i), ``--conc`` requests at
+a time. The
 deployments run the same prompts in alternating rounds (one process at a time,
 the others wait; the order reverses every round), and every runner step is
 split into the target forward, drafting, results (sampling the plain rows,
@@ -64,11 +67,13 @@ def instrument(runner) -> dict[str, float]:
     return acc
 
 
-def run_round(engine, items, sampling) -> tuple[int, float]:
-    """(tokens, seconds) of one round: all items through the engine."""
+def run_round(engine, items, sampling, seeded: bool = False) -> tuple[int, float]:
+    """(tokens, seconds) of one round: all items through the engine (``seeded``:
+    item i sampled with seed i)."""
     t0 = time.perf_counter()
     n = sum(len(out) for _, out, _ in engine.generate(
-        [(rid, ids, sampling) for rid, ids in items]))
+        [(rid, ids, dataclasses.replace(sampling, seed=i) if seeded else sampling)
+         for i, (rid, ids) in enumerate(items)]))
     return n, time.perf_counter() - t0
 
 
@@ -109,7 +114,8 @@ def _serve(conn, dep: Deployment, args: dict, prompts: list[list[int]]) -> None:
     if dep.decay is not None:
         engine.config.verify_confidence_decay = dep.decay
     acc = instrument(runner)
-    sampling = SamplingParams(max_tokens=args["max_tokens"], temperature=0.0, ignore_eos=True)
+    sampling = SamplingParams(max_tokens=args["max_tokens"], temperature=args["temperature"],
+                              top_p=args["top_p"], top_k=args["top_k"], ignore_eos=True)
     while True:
         cmd, arg = conn.recv()
         if cmd == "profile":  # give the measured one, or take the one given
@@ -127,7 +133,7 @@ def _serve(conn, dep: Deployment, args: dict, prompts: list[list[int]]) -> None:
             conn.send(None)
         elif cmd == "round":
             items = [(f"{dep.name}-{arg}-{i}", p) for i, p in enumerate(prompts)]
-            conn.send(run_round(engine, items, sampling))
+            conn.send(run_round(engine, items, sampling, seeded=True))
         elif cmd == "stats":
             conn.send(dict(acc))
         else:
@@ -146,6 +152,9 @@ def main() -> None:
     ap.add_argument("--price", choices=("depth", "full"), nargs="+", default=["depth"],
                     help="how the K = 7 deployment(s) price drafting (confidence)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--drafter", default="", help="drafter dir (default: the shipped one)")
@@ -214,7 +223,9 @@ def main() -> None:
     rate = {n: tokens[n] / wall[n] for n in accs}
     ms_per_token0 = 1e3 * accs["k0"]["step"] / tokens["k0"]
     print(f"\nbatch of {args.conc}, {args.prompts} prompts x {args.max_tokens} tokens, "
-          f"{args.rounds} rounds, {args.dtype}, verify {args.verify}, a process each")
+          f"{args.rounds} rounds, {args.dtype}, verify {args.verify}, a process each, "
+          + ("greedy" if not args.temperature else
+             f"temperature {args.temperature:g} top-p {args.top_p:g} top-k {args.top_k}"))
     for name, acc in accs.items():
         steps = acc["step_calls"]
         parts = {p: 1e3 * acc.get(p, 0.0) / steps for p in PARTS}
