@@ -6,13 +6,11 @@ retry, a preemption or a re-run on another worker, and the scheduler (which
 imports no torch) can compute the same numbers as the worker.
 
 ``mix_seed(seed, position)`` is the SplitMix64 finaliser applied to
-``seed * golden + position``. Stream 0 is the sampler's: it seeds the torch
-generator whose exponential noise picks the target's token (see
-``dspark.worker.sampler``). Further streams re-key the seed first,
+``seed * golden + position``. Streams re-key the seed first,
 ``key = mix_seed(seed, STREAM_x)``, with stream tags far above any position,
-and then draw ``mix_seed(key, position)``: the speculative step's acceptance
-uniforms, residual samples and draft samples are independent of each other
-and of the target's tokens at the same position.
+and then draw ``mix_seed(key, position)``: the sampler's uniform (the
+target's token, ``dspark.worker.sampler``), the speculative step's acceptance
+uniforms, residual samples and draft samples are independent of each other.
 """
 from __future__ import annotations
 
@@ -22,6 +20,7 @@ _MASK64 = (1 << 64) - 1
 STREAM_ACCEPT = 0x4143_4345_5054  # "ACCEPT": u_i of the accept test u < q/p
 STREAM_RESIDUAL = 0x5245_5349_4455  # "RESIDU": the sample from normalize(max(0, q - p))
 STREAM_DRAFT = 0x4452_4146_5400  # "DRAFT": the drafter's sample from p
+STREAM_SAMPLE = 0x5341_4D50_4C45  # "SAMPLE": the target's token (the sampler's draw)
 
 
 def mix_seed(seed: int, position: int) -> int:

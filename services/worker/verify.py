@@ -7,9 +7,9 @@ distribution of the token at position ``a_r + i + 1``. ``verify`` returns per
 request a ``dspark.shared.acceptance.VerifyResult``:
 
 - ``t_i``: exactly what ``sampler.sample`` returns for (seed, a_r + i + 1) on
-  that row (argmax for greedy rows, the exponential race with the sampler's
-  own noise otherwise), so plain and speculative decoding share one stream
-  and a K = 0 request is a plain decode step;
+  that row (argmax for greedy rows, otherwise the inverse CDF of q at the
+  sampler's own uniform, stream ``STREAM_SAMPLE``), so plain and speculative
+  decoding share one stream and a K = 0 request is a plain decode step;
 - ``q(d_i)`` with q = ``processed_probs`` (softmax of the sampler's filtered
   logits, one-hot at the argmax for greedy rows), and ``p(d_i)`` from the
   draft's processed rows (1.0 for a one-hot draft);
@@ -35,7 +35,7 @@ from dspark.shared.acceptance import VerifyResult
 from dspark.shared.rng import STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, uniform
 
 from .model.native_argmax import argmax_rows
-from .sampler import RowParams, _exp_noise, _filtered_logits
+from .sampler import RowParams, _filtered_logits, draw, inverse_cdf
 
 
 @dataclass
@@ -86,7 +86,7 @@ def sample_draft(probs: torch.Tensor, params: Sequence[RowParams],
     if rand:
         r = _index(rand, probs.device)
         u = [uniform(params[i].seed, positions[i], STREAM_DRAFT) for i in rand]
-        tokens.index_copy_(0, r, _inverse_cdf(probs.index_select(0, r).float(), u))
+        tokens.index_copy_(0, r, inverse_cdf(probs.index_select(0, r).float(), u))
     return tokens
 
 
@@ -157,12 +157,11 @@ def _target_rows(logits: torch.Tensor, row_params: list[RowParams]) -> tuple[lis
     if not rand:
         return target.tolist(), _Rows(None, [])
     r = _index(rand, logits.device)
-    sub = _filtered_logits(logits.index_select(0, r).float(), [row_params[j] for j in rand])
-    # the sampler's exponential race, term for term, so t_j == sample()'s token
-    noise = torch.stack([_exp_noise(row_params[j], logits.shape[1]) for j in rand])
-    picked = argmax_rows(torch.log_softmax(sub, dim=-1) - noise.to(logits.device).log())
-    target.index_copy_(0, r, picked)
-    return target.tolist(), _Rows(torch.softmax(sub, dim=-1), rand)
+    params = [row_params[j] for j in rand]
+    q = torch.softmax(_filtered_logits(logits.index_select(0, r).float(), params), dim=-1)
+    # the sampler's draw, term for term, so t_j == sample()'s token
+    target.index_copy_(0, r, draw(q, params))
+    return target.tolist(), _Rows(q, rand)
 
 
 def _probs_of_drafts(dist: _Rows, rows: Sequence[int], drafts: list[_Draft],
@@ -205,7 +204,7 @@ def _residuals(q: _Rows, p: _Rows, drafts: list[_Draft], target: list[int], voca
     pf = _dense(p, full, [drafts[k].token for k in full], vocab, device)
     res = (qf - pf).clamp_min_(0.0)  # [len(full), V]
     u = [uniform(drafts[k].x.params.seed, drafts[k].position, STREAM_RESIDUAL) for k in full]
-    picked = _inverse_cdf(res, u).tolist()
+    picked = inverse_cdf(res, u).tolist()
     defined = (res.sum(-1) > 0).tolist()
     for s, k in enumerate(full):
         out[k] = picked[s] if defined[s] else -1
@@ -228,17 +227,3 @@ def _dense(dist: _Rows, rows: Sequence[int], onehot_at: Sequence[int], vocab: in
 
 def _index(ids: Sequence[int], device) -> torch.Tensor:
     return torch.tensor(list(ids), dtype=torch.long, device=device)
-
-
-def _inverse_cdf(weights: torch.Tensor, u: Sequence[float]) -> torch.Tensor:
-    """weights [N, V] >= 0 (unnormalised), u [N] in (0, 1) -> [N] long: the first
-    index whose running sum exceeds u * total. Never returns a zero-weight
-    index of a row with weight (a row of zeros gets V - 1; callers treat such
-    rows as undefined)."""
-    cdf = torch.cumsum(weights, dim=-1)  # [N, V]
-    x = torch.tensor(list(u), dtype=cdf.dtype, device=cdf.device) * cdf[:, -1]
-    idx = torch.searchsorted(cdf, x[:, None], right=True)[:, 0]  # [N]
-    # u * total can round up to total: fall back to the last index with weight
-    vocab = weights.shape[1]
-    last = vocab - 1 - torch.argmax((weights.flip(-1) > 0).to(torch.uint8), dim=-1)
-    return torch.minimum(idx, last)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.worker.sampler import RowParams, mix_seed, sample
+from dspark.shared.rng import mix_seed
+from dspark.worker.sampler import RowParams, _filtered_logits, sample
 
 
 def _logits(n=4, v=50, seed=0):
@@ -95,3 +96,59 @@ def test_row_without_top_p_keeps_its_tail_next_to_a_top_p_row():
     assert not torch.isinf(mixed[0]).any()
     assert torch.equal(mixed[0], alone[0])
     assert torch.isinf(mixed[1]).sum() > 1000  # the top-p row is still cut
+
+
+def _sorted_reference(logits, params):
+    """The filter by a full descending sort of every row (what _filtered_logits
+    computed before it stopped sorting the vocabulary)."""
+    n, vocab = logits.shape
+    out = logits.clone()
+    for i, p in enumerate(params):
+        x = logits[i] / p.temperature
+        vals, order = torch.sort(x, descending=True)
+        keep = torch.ones(vocab, dtype=torch.bool)
+        if 0 < p.top_k < vocab:
+            keep[p.top_k:] = False
+        if p.top_p < 1.0:
+            probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), -1)
+            before = torch.cumsum(probs, -1) - probs
+            keep &= before < p.top_p
+            keep[0] = True
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[order[keep]] = True
+        out[i] = x.masked_fill(~mask, float("-inf"))
+    return out
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])
+def test_top_k_top_p_without_a_full_sort_keep_what_the_sort_keeps(scale):
+    """Flat rows (scale 0.3: the candidate span must grow to hold the top-p
+    mass), peaked rows (12: a handful of candidates), ties, large vocabularies,
+    top-k alone, top-p alone and both: the same tokens as sorting the row, but
+    at a top-p boundary deep in a long tail, where the running sums (taken in
+    a different order) differ in float32 rounding and the last few tokens,
+    each of negligible mass, may fall either way."""
+    g = torch.Generator().manual_seed(int(scale * 10))
+    for vocab in (7, 300, 49152):
+        lg = torch.randn(6, vocab, generator=g) * scale
+        lg[2] = lg[2].round()  # ties
+        params = [RowParams(0.7, 0, 0.9), RowParams(1.0, 40, 1.0), RowParams(1.3, 5, 0.5),
+                  RowParams(0.5, 0, 0.999), RowParams(2.0, 0, 0.3), RowParams(1.0, 0, 1.0)]
+        got = _filtered_logits(lg, params)
+        want = _sorted_reference(lg, params)
+        for i in range(6):
+            if i == 2:  # ties: the same number kept, and only tokens the sort could keep
+                kept = torch.isfinite(got[i])
+                assert int(kept.sum()) == int(torch.isfinite(want[i]).sum())
+                floor = want[i][torch.isfinite(want[i])].min()
+                assert bool((got[i][kept] >= floor).all())
+            else:
+                a, b = torch.isfinite(got[i]), torch.isfinite(want[i])
+                if not torch.equal(a, b):  # nested, the difference at the boundary
+                    assert params[i].top_p < 1.0
+                    assert bool((a <= b).all()) or bool((b <= a).all()), (vocab, i)
+                    probs = torch.softmax(want[i].masked_fill(~b, float("-inf"))
+                                          if params[i].top_k else lg[i] / params[i].temperature,
+                                          -1)
+                    assert float(probs[a ^ b].sum()) < 1e-4, (vocab, i)
+                assert torch.equal(got[i][a & b], want[i][a & b])
