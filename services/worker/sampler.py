@@ -27,7 +27,7 @@ from .model.native_argmax import argmax_rows
 
 # _kept: candidates are the tokens within this many (tempered) logits of the
 # row's maximum, doubled until they hold the top-k set and the top-p mass
-CANDIDATE_SPAN = 2.0
+CANDIDATE_SPAN = 8.0
 
 
 @dataclass(frozen=True)
