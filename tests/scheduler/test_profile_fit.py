@@ -148,3 +148,41 @@ def test_no_exploration_when_switched_off():
     s, w = _run(SpsProfile(rows=(1, 8, 32), forward_ms=(30.0, 30.0, 30.0)),
                 explore_every=0, max_tokens=80)
     assert s.num_explore_steps == 0
+
+
+def test_each_observed_step_carries_the_depth_the_worker_drafted():
+    """The refit compares a step's time with its own draft depth: min(K, budget)
+    for the requests that drafted (the runner's rule), 1 for steps without."""
+    # one request, rows at 5 ms each: only its likelier drafts are worth a row,
+    # so budgets (and depths) vary with its confidences
+    s = conf_scheduler(SpsProfile(rows=(1, 8, 32), forward_ms=(30.0, 65.0, 185.0)),
+                       num_blocks=512, budget=64)
+    s.config.verify_confidence_decay = 1.0
+    w = TimedWorker(512, 4, conf=lambda rid, pos: 0.3 + 0.1 * (pos % 5))
+    plans, observed = [], []
+    step = w.step
+
+    def recording_step(plan):
+        plans.append(plan)
+        return step(plan)
+
+    w.step = recording_step
+    prof = s.sps_profile
+    observe = prof.observe
+
+    def recording_observe(rows, drafting, ms, depth=1):
+        observed.append((drafting, depth))
+        observe(rows, drafting, ms, depth)
+
+    prof.observe = recording_observe
+    add(s, n=1, max_tokens=80)
+    drive(s, w, False)
+    assert len(observed) == len(plans)
+    depths = set()
+    for plan, (drafting, depth) in zip(plans, observed):
+        ks = [q.num_speculative_tokens for q in plan.seqs if q.num_speculative_tokens]
+        assert drafting == len(ks)
+        if ks:
+            assert depth == max(1, min(max(ks), plan.verify_budget))
+            depths.add(depth)
+    assert len(depths) > 1, depths  # shallow and deeper drafts both happened
