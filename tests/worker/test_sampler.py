@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dspark.shared.rng import mix_seed
-from dspark.worker.sampler import RowParams, _filtered_logits, sample
+from dspark.worker.sampler import RowParams, _filtered_by_sort, _filtered_logits, sample
 
 
 def _logits(n=4, v=50, seed=0):
@@ -99,25 +99,11 @@ def test_row_without_top_p_keeps_its_tail_next_to_a_top_p_row():
 
 
 def _sorted_reference(logits, params):
-    """The filter by a full descending sort of every row (what _filtered_logits
-    computed before it stopped sorting the vocabulary)."""
-    n, vocab = logits.shape
-    out = logits.clone()
-    for i, p in enumerate(params):
-        x = logits[i] / p.temperature
-        vals, order = torch.sort(x, descending=True)
-        keep = torch.ones(vocab, dtype=torch.bool)
-        if 0 < p.top_k < vocab:
-            keep[p.top_k:] = False
-        if p.top_p < 1.0:
-            probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), -1)
-            before = torch.cumsum(probs, -1) - probs
-            keep &= before < p.top_p
-            keep[0] = True
-        mask = torch.zeros(vocab, dtype=torch.bool)
-        mask[order[keep]] = True
-        out[i] = x.masked_fill(~mask, float("-inf"))
-    return out
+    """The filter by a full descending sort of every row (the accelerators' path,
+    and what _filtered_logits computed on the CPU before it stopped sorting the
+    vocabulary)."""
+    temp = torch.tensor([p.temperature for p in params])
+    return _filtered_by_sort(logits / temp[:, None], params)
 
 
 @pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])
