@@ -9,14 +9,13 @@
 Each deployment is the scheduler core and a runner (no gRPC) in a process of
 its own, on eval prompts, greedy (or sampled: ``--temperature`` and optionally
 ``--top-p`` / ``--top-k``, request i seeded with i), ``--conc`` requests at
-a time. The
-deployments run the same prompts in alternating rounds (one process at a time,
-the others wait; the order reverses every round), and every runner step is
-split into the target forward, drafting, results (sampling the plain rows,
-verifying the drafts) and the rest. Prints per deployment tokens/s, steps, ms
-per step by part and tokens per step, then the ratio and the tokens per step
-at which K = 7 would break even with K = 0 (its ms per step over K = 0's ms
-per token).
+a time. The deployments run the same prompts in alternating rounds (one
+process at a time, the others wait; the order reverses every round), and
+every runner step is split into the target forward, drafting, results
+(sampling the plain rows, verifying the drafts) and the rest. Prints per
+deployment tokens/s, steps, ms per step by part and tokens per step, then the
+ratio and the tokens per step at which K = 7 would break even with K = 0 (its
+ms per step over K = 0's ms per token).
 
 With ``--verify confidence``, one K = 7 deployment runs per ``--decay`` value
 (the scheduler's verify_confidence_decay) and per ``--price``: ``depth`` is

@@ -21,10 +21,16 @@ import torch
 from . import native_attention
 
 _KINDS = (torch.float32, torch.bfloat16)
+_loaded: list = []  # the extension once found (a pick runs ~8 times a step)
 
 
 def _ext():
-    return native_attention.load(build=False)
+    if not _loaded:
+        ext = native_attention.load(build=False)
+        if ext is None:  # not built (yet): ask again next time, it is cheap
+            return None
+        _loaded.append(ext)
+    return _loaded[0]
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 // Per-row ops of a decode or verify step, fp32 or bf16: RMSNorm, the SwiGLU
-// product, and the argmax of logits rows. With a few rows, PyTorch's versions cost their dispatch
-// (F.rms_norm is 8 ops, ~60 us a call on the project's 2-core AVX2 CPU, 14 us
-// in bf16 on the AVX512-BF16 one, 61 calls a forward); these are one call each.
+// product, and the argmax of logits rows. With a few rows, PyTorch's versions
+// cost their dispatch (F.rms_norm is 8 ops, ~60 us a call on the project's
+// 2-core AVX2 CPU, 14 us in bf16 on the AVX512-BF16 one, 61 calls a forward);
+// these are one call each.
 // Every row is computed on its own, in a fixed order, so a row's result does not
 // depend on the batch. bf16 rows are computed in float and rounded once (to
 // nearest even).
@@ -160,9 +161,8 @@ void argmax_impl(const T* xp, int64_t* out, int64_t m, int64_t n, int64_t pitch)
 
 // The argmax of each row of x [M, N] (float32 or bfloat16; rows contiguous, any
 // row stride) -> int64 [M], equal to x.argmax(-1) (first maximum; a NaN is the
-// maximum). PyTorch's CPU argmax is
-// not vectorized: ~230 us for 8 rows of a 49k vocabulary in float32, 760 us in
-// bf16; this is one pass at vector width.
+// maximum). PyTorch's CPU argmax is not vectorized: ~300 us for 8 rows of a 49k
+// vocabulary in float32, 760 us in bf16; this is one pass at vector width.
 torch::Tensor argmax_rows(torch::Tensor x) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) > 0, "argmax_rows: x [M, N] with N > 0");
   TORCH_CHECK((x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
