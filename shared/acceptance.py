@@ -38,6 +38,12 @@ from dataclasses import dataclass
 from dspark.shared.types import FinishReason
 
 
+# residual_tokens entries that are not tokens
+RESIDUAL_NONE = -1     # normalize(max(0, q - p)) is zero (q == p): always accepted
+RESIDUAL_SKIPPED = -2  # not computed: the worker's own run of ``accept`` on these very
+#                        values accepts this draft or stops before it
+
+
 @dataclass
 class VerifyResult:
     """What acceptance needs from one request's verify rows (K >= 0 drafts).
@@ -54,7 +60,10 @@ class VerifyResult:
     p_draft: list[float]  # [K] p_{i+1}(d_{i+1}) of the drafter; 1.0 for a one-hot draft
     uniforms: list[float]  # [K] u in (0, 1): rng.uniform(seed, a+i+1, STREAM_ACCEPT)
     # [K] seeded sample from normalize(max(0, q_i - p_{i+1})) (position a+i+1),
-    # -1 where that is all zeros (q_i == p_{i+1}: the draft is always accepted)
+    # RESIDUAL_NONE (-1) where that is all zeros (q_i == p_{i+1}: the draft is
+    # always accepted); the worker may leave RESIDUAL_SKIPPED (-2) where the
+    # sample cannot be used (the draft is accepted, or a draft before it is
+    # rejected): ``accept`` raises rather than accept a draft it would reject
     residual_tokens: list[int]
 
     @property
@@ -101,8 +110,12 @@ def accept(result: VerifyResult, greedy: bool) -> Acceptance:
             raise ValueError(f"p_draft[{i}]={p!r}: a drafted token must have p > 0")
         # u < min(1, q/p) written without the division; r == -1 means q == p,
         # where acceptance is certain (q/p == 1 up to rounding)
-        if r < 0 or result.uniforms[i] * p < q:
+        if r == RESIDUAL_NONE or result.uniforms[i] * p < q:
             continue
+        if r < 0:  # RESIDUAL_SKIPPED (or junk) where this rule rejects: never "accept"
+            raise ValueError(f"residual_tokens[{i}]={r}: draft {i + 1} is rejected here but "
+                             "the worker computed no residual sample for it (its own "
+                             "acceptance of these values differs)")
         return Acceptance(i, list(d[:i]) + [r])
     return Acceptance(k, list(d) + [t[k]])
 

@@ -25,7 +25,7 @@ from .model.kv_cache import PagedKVCache, build_metadata
 from .model.llama import Llama, load_llama
 from .sampler import RowParams, sample
 from .spec import LeasePool
-from .verify import VerifyInput, verify
+from .verify import VerifyInput, _as_float32, verify
 
 from dspark.shared import rng
 from dspark.shared.acceptance import VerifyResult, accept
@@ -483,12 +483,6 @@ class ModelRunner:
                 tail_start += tail.shape[0] - TAP_TAIL
                 tail = tail[-TAP_TAIL:].clone()
         self._taps[s.request_id] = _TapBuffer(rows, tail, tail_start)
-
-def _as_float32(xs: list[float]) -> list[float]:
-    import numpy as np
-
-    return np.asarray(xs, dtype=np.float32).astype(np.float64).tolist()
-
 
 def validate_tap_layers(tap_layer_ids, num_layers: int) -> tuple[int, ...]:
     """Tap layer i = residual stream after decoder layer i; 0 <= i < num_layers - 1."""

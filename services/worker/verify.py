@@ -16,7 +16,9 @@ request a ``dspark.shared.acceptance.VerifyResult``:
 - ``u_i`` = ``rng.uniform(seed, a_r + i, STREAM_ACCEPT)`` (the position of d_i);
 - the residual sample from ``normalize(max(0, q_{i-1} - p_i))`` by inverse
   CDF with ``rng.uniform(seed, a_r + i, STREAM_RESIDUAL)``, or -1 when that
-  vector is zero.
+  vector is zero; for rows with a full q or p only where acceptance will read
+  it (the first draft it rejects), ``RESIDUAL_SKIPPED`` elsewhere (the worker
+  runs acceptance's test on the same float32 values and uniforms).
 
 Only rows where q or p is not one-hot do V-sized residual work; a greedy
 request drafted greedily reduces to comparisons. ``processed_probs`` and
@@ -29,9 +31,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from dspark.shared.acceptance import VerifyResult
+from dspark.shared.acceptance import RESIDUAL_NONE, RESIDUAL_SKIPPED, VerifyResult
 from dspark.shared.rng import STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, uniform
 
 from .model.native_argmax import argmax_rows
@@ -115,9 +118,12 @@ def verify(logits: torch.Tensor, inputs: Sequence[VerifyInput]) -> list[VerifyRe
     p_rows = [x.draft_probs for x in inputs if x.draft_probs is not None]
     p = _Rows(torch.cat(p_rows).float().to(logits.device) if p_rows else None,
               [k for k, dr in enumerate(drafts) if dr.x.draft_probs is not None])
-    q_draft = _probs_of_drafts(q, [dr.row for dr in drafts], drafts, target)
-    p_draft = _probs_of_drafts(p, range(len(drafts)), drafts, None)
-    residual = _residuals(q, p, drafts, target, logits.shape[1], logits.device)
+    # float32 as they travel (proto ``float``): the values the scheduler accepts on
+    q_draft = _as_float32(_probs_of_drafts(q, [dr.row for dr in drafts], drafts, target))
+    p_draft = _as_float32(_probs_of_drafts(p, range(len(drafts)), drafts, None))
+    uniforms = [uniform(dr.x.params.seed, dr.position, STREAM_ACCEPT) for dr in drafts]
+    residual = _residuals(q, p, drafts, target, q_draft, p_draft, uniforms,
+                          logits.shape[1], logits.device)
 
     out, k = [], 0
     for x, off in zip(inputs, offsets):
@@ -125,9 +131,7 @@ def verify(logits: torch.Tensor, inputs: Sequence[VerifyInput]) -> list[VerifyRe
         out.append(VerifyResult(
             draft_tokens=list(x.draft_tokens), target_tokens=target[off:off + kk + 1],
             q_draft=q_draft[k:k + kk], p_draft=p_draft[k:k + kk],
-            uniforms=[uniform(x.params.seed, x.anchor_position + i + 1, STREAM_ACCEPT)
-                      for i in range(kk)],
-            residual_tokens=residual[k:k + kk]))
+            uniforms=uniforms[k:k + kk], residual_tokens=residual[k:k + kk]))
         k += kk
     return out
 
@@ -187,28 +191,75 @@ def _probs_of_drafts(dist: _Rows, rows: Sequence[int], drafts: list[_Draft],
     return out
 
 
-def _residuals(q: _Rows, p: _Rows, drafts: list[_Draft], target: list[int], vocab: int,
-               device: torch.device) -> list[int]:
-    """Seeded sample from normalize(max(0, q - p)) per draft, -1 where it is zero."""
-    out = [-1] * len(drafts)
-    full = []
+def _residuals(q: _Rows, p: _Rows, drafts: list[_Draft], target: list[int],
+               q_draft: list[float], p_draft: list[float], uniforms: list[float],
+               vocab: int, device: torch.device) -> list[int]:
+    """The residual samples acceptance can use: per draft, the seeded sample from
+    normalize(max(0, q - p)), -1 where that is zero.
+
+    One-hot rows (q and p both one-hot) cost nothing and are always given. A
+    draft with a full q or p row needs V-sized work, and acceptance reads its
+    residual only where it first rejects (``u * p >= q``, on these very float32
+    values and uniforms): so each request's drafts are walked in order, the
+    residual is computed at its first rejected draft only (in one batch over
+    requests), and the others get RESIDUAL_SKIPPED. Where that residual is zero
+    (q == p: acceptance continues) the walk goes on past it in another batch."""
+    out = [RESIDUAL_NONE] * len(drafts)
+    full = set()
     for k, dr in enumerate(drafts):
         if dr.row in q.slot or k in p.slot:
-            full.append(k)
+            full.add(k)
         elif dr.token != target[dr.row]:  # one-hot q and p at different tokens
             out[k] = target[dr.row]
     if not full:
         return out
-    qf = _dense(q, [drafts[k].row for k in full], [target[drafts[k].row] for k in full],
-                vocab, device)
-    pf = _dense(p, full, [drafts[k].token for k in full], vocab, device)
-    res = (qf - pf).clamp_min_(0.0)  # [len(full), V]
-    u = [uniform(drafts[k].x.params.seed, drafts[k].position, STREAM_RESIDUAL) for k in full]
-    picked = inverse_cdf(res, u).tolist()
-    defined = (res.sum(-1) > 0).tolist()
-    for s, k in enumerate(full):
-        out[k] = picked[s] if defined[s] else -1
+    requests: dict[int, list[int]] = {}
+    for k, dr in enumerate(drafts):
+        requests.setdefault(id(dr.x), []).append(k)
+    walks = [(ks, 0) for ks in requests.values() if any(k in full for k in ks)]
+    while walks:
+        need = []  # (drafts of the request, index of the first rejected one)
+        for ks, start in walks:
+            for j in range(start, len(ks)):
+                k = ks[j]
+                if out[k] == RESIDUAL_NONE and k not in full:
+                    continue  # one-hot and equal: accepted
+                if uniforms[k] * p_draft[k] < q_draft[k]:  # accepted (acceptance.accept)
+                    if k in full:
+                        out[k] = RESIDUAL_SKIPPED
+                    continue
+                if k in full:
+                    need.append((ks, j))
+                else:  # rejected, its residual known: nothing after it is read
+                    _skip_after(out, ks, j, full)
+                break
+        if not need:
+            break
+        ks_need = [ks[j] for ks, j in need]
+        qf = _dense(q, [drafts[k].row for k in ks_need],
+                    [target[drafts[k].row] for k in ks_need], vocab, device)
+        pf = _dense(p, ks_need, [drafts[k].token for k in ks_need], vocab, device)
+        res = (qf - pf).clamp_min_(0.0)  # [len(need), V]
+        u = [uniform(drafts[k].x.params.seed, drafts[k].position, STREAM_RESIDUAL)
+             for k in ks_need]
+        picked = inverse_cdf(res, u).tolist()
+        defined = (res.sum(-1) > 0).tolist()
+        walks = []
+        for (ks, j), tok, ok in zip(need, picked, defined):
+            if ok:
+                out[ks[j]] = tok
+                _skip_after(out, ks, j, full)
+            else:  # q == p there: acceptance goes on to the next draft
+                out[ks[j]] = RESIDUAL_NONE
+                walks.append((ks, j + 1))
     return out
+
+
+def _skip_after(out: list[int], ks: list[int], j: int, full: set[int]) -> None:
+    """Drafts after a request's first rejection: their residuals are never read."""
+    for k in ks[j + 1:]:
+        if k in full:
+            out[k] = RESIDUAL_SKIPPED
 
 
 def _dense(dist: _Rows, rows: Sequence[int], onehot_at: Sequence[int], vocab: int,
@@ -227,3 +278,8 @@ def _dense(dist: _Rows, rows: Sequence[int], onehot_at: Sequence[int], vocab: in
 
 def _index(ids: Sequence[int], device) -> torch.Tensor:
     return torch.tensor(list(ids), dtype=torch.long, device=device)
+
+
+def _as_float32(xs: list[float]) -> list[float]:
+    """Python floats rounded to float32 (as a proto ``float`` carries them)."""
+    return np.asarray(xs, dtype=np.float32).astype(np.float64).tolist()

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from dspark.shared import rng
-from dspark.shared.acceptance import Acceptance, VerifyResult, accept, truncate
+from dspark.shared.acceptance import (RESIDUAL_NONE, RESIDUAL_SKIPPED, Acceptance, VerifyResult,
+                                      accept, truncate)
 from dspark.shared.types import FinishReason
 
 
@@ -78,6 +79,25 @@ def test_undefined_residual_means_q_equals_p_and_the_draft_is_kept():
     # q == p: min(1, q/p) = 1; a rounding-level u >= q/p must not reject into "-1"
     res = _sampled([0.3, 0.5], [0.3000001, 0.5], [0.9999999, 0.2], residual=[-1, -1])
     assert accept(res, greedy=False) == Acceptance(2, [11, 12, 99])
+
+
+def test_skipped_residuals_are_read_only_as_accepted():
+    # the worker skips the residuals acceptance never reads: accepted drafts and
+    # those after the first rejection
+    res = _sampled([0.6, 0.2, 0.4], [0.5, 0.4, 0.5], [0.3, 0.9, 0.1],
+                   residual=[RESIDUAL_SKIPPED, 77, RESIDUAL_SKIPPED])
+    assert accept(res, greedy=False) == Acceptance(1, [11, 77])
+    # a rule that rejects where the worker skipped (other uniforms) raises, never
+    # reads "skipped" as "accepted"
+    res.uniforms = [0.3, 0.1, 0.99]
+    with pytest.raises(ValueError, match="residual_tokens\\[2\\]=-2: draft 3 is rejected"):
+        accept(res, greedy=False)
+    res.uniforms = [0.3, 0.9, 0.1]
+    res.residual_tokens[0] = -7  # junk is not a token either
+    res.q_draft[0] = 0.1  # u * p = 0.15 >= q: rejected
+    with pytest.raises(ValueError, match="residual_tokens\\[0\\]=-7"):
+        accept(res, greedy=False)
+    assert RESIDUAL_NONE == -1
 
 
 def test_bad_results_are_rejected():

@@ -219,3 +219,95 @@ def test_fourth_round_word_lists_are_new_and_its_code_is_valid():
     # seeded: the same seed draws the same prompts, another seed others
     assert mod.chat4_prompts(random.Random(3), 200) == mod.chat4_prompts(random.Random(3), 200)
     assert mod.chat4_prompts(random.Random(1), 200) != mod.chat4_prompts(random.Random(3), 200)
+
+
+ROUND5 = ("synth5-heval", "synth5-func", "synth5-chat", "synth5-math")
+
+
+def test_fifth_round_is_seeded_matches_the_committed_files_and_is_far_from_eval(tmp_path, monkeypatch):
+    if not EVAL.is_dir():
+        pytest.skip(f"no eval prompt sets at {EVAL} (the round drops prompts near them)")
+    mod = _load("synth_prompts5")
+    monkeypatch.setattr("sys.argv", ["synth_prompts5.py", str(tmp_path)])
+    assert mod.main() == 0
+    committed = ROOT / "data/prompts-synth5"
+    for name in ROUND5:  # byte for byte: nothing in this round depends on the Python version
+        assert (tmp_path / f"{name}.jsonl").read_bytes() == (committed / f"{name}.jsonl").read_bytes(), name
+    sets = {name: _read(committed / f"{name}.jsonl") for name in ROUND5}
+    assert len(sets["synth5-heval"]) >= 650 and len(sets["synth5-func"]) >= 430
+    assert len(sets["synth5-chat"]) >= 330 and len(sets["synth5-math"]) >= 280
+    r5 = [t for v in sets.values() for t in v]
+    earlier = {t for d in ("prompts-synth", "prompts-synth2", "prompts-synth3", "prompts-synth4")
+               for f in (ROOT / "data" / d).glob("*.jsonl") for t in _read(f)}
+    assert not earlier & set(r5)
+    from collections import Counter
+    import re
+
+    from dspark.worker.training.decontam import EvalGuard
+    guard = EvalGuard.from_dir(EVAL)
+    assert not [t for t in r5 if guard.near(t)][:5]
+    evals = [t for f in EVAL.glob("*.jsonl") for t in _read(f)]
+    lines = Counter(ln.strip() for e in evals for ln in set(e.split("\n")))
+    problem = {ln for ln, n in lines.items() if len(ln) >= 40 and n <= 3}
+    assert not sorted(problem & {ln.strip() for t in r5 for ln in t.split("\n")})[:5]
+    # new tasks: no eval entry point, no name of rounds 2-4's stubs, 40+ distinct stubs
+    stubs = _load("synth_stubs5")
+    names = {s[0] for s in stubs.STUBS5} | {s[0] for s in stubs.ASSERT5}
+    eval_names = {n for t in evals for n in re.findall(r"def (\w+)\(", t)}
+    old = ({s[0] for s in _load("synth_prompts2").STUBS} | {s[0] for s in _load("synth_prompts3").STUBS3}
+           | {s[0] for s in _load("synth_prompts4").EXAMPLES4})
+    assert len(stubs.STUBS5) >= 40 and len(names) == len(stubs.STUBS5) + len(stubs.ASSERT5)
+    assert not names & (eval_names | old)
+    assert {n for t in sets["synth5-heval"] for n in re.findall(r"def (\w+)\(", t)} == {s[0] for s in stubs.STUBS5}
+
+
+def test_fifth_round_examples_are_the_reference_answers_and_word_lists_are_new():
+    """Every example output in the committed stubs (doctests, '==>', 'should
+    return') and assert lines is what the reference returns; a few references
+    are checked against hand-worked answers; the chat word lists repeat none
+    of rounds 1-4's."""
+    import random
+    import re
+    stubs = _load("synth_stubs5")
+    by_name = {s[0]: s[4] for s in stubs.STUBS5} | {s[0]: s[2] for s in stubs.ASSERT5}
+    checks = {"spiral_order": ([[1, 2, 3], [4, 5, 6], [7, 8, 9]], [1, 2, 3, 6, 9, 8, 7, 4, 5]),
+              "compress_ranges": ([1, 2, 3, 5, 7, 8], ["1-3", "5", "7-8"]), "pascal_row": (4, [1, 4, 6, 4, 1]),
+              "passes_luhn": ("79927398713", True), "minutes_between": (("23:30", "00:15"), 45),
+              "day_of_year": ("2020-03-01", 61), "to_ordinal": (112, "112th"), "with_thousands": (-1234567, "-1,234,567"),
+              "duration_seconds": ("1h30m5s", 5405), "human_bytes": (1536, "1.5 KB"), "eval_postfix": (["3", "4", "+", "2", "*"], 14),
+              "dense_rank": ([50, 70, 50, 90], [3, 2, 3, 1]), "next_greater": ([4, 5, 2, 25], [5, 25, 25, -1]),
+              "digital_root": (493193, 8), "sum_of_multiples": ((10, [3, 5]), 23), "majority_element": ([1, 2, 1, 3], None),
+              "days_in_month": ((2024, 2), 29), "wait_times": ([3, 1, 2], [0, 3, 4]),
+              "apply_stack_ops": (["push 1", "pop", "pop", "push 4"], [4])}
+    for name, (args, want) in checks.items():
+        args = args if isinstance(args, tuple) else (args,)
+        assert by_name[name](*args) == want, name
+    r = random.Random(5)
+    for s in stubs.STUBS5:  # every input maker gives arguments its reference takes
+        for _ in range(5):
+            s[4](*s[5](r))
+    pats = [r"\n\s*>>> (.*)\n\s*(.*)\n", r"\n\s*(\w+\(.*\)) ==> (.*)\n", r"\n\s*(\w+\(.*\)) should return (.*)\n",
+            r"\nassert (\w+\(.*\)) == (.*)"]
+    seen = 0
+    for f in ("synth5-heval", "synth5-func"):
+        for t in _read(ROOT / f"data/prompts-synth5/{f}.jsonl"):
+            for pat in pats:
+                for call, want in re.findall(pat, t.replace("\n", "\n\n")):
+                    assert repr(eval(call, dict(by_name))) == want.strip(), call
+                    seen += 1
+    assert seen > 1000
+    # the chat word lists are new
+    mod = _load("synth_prompts5")
+    earlier = [_load(n) for n in ("synth_prompts", "synth_prompts2", "synth_prompts3", "synth_prompts4")]
+
+    def items(v):
+        return {" ".join(x.lower().split()) for x in (mod.split_list(v) if isinstance(v, str) else v) if x.strip()}
+    old = set().union(*(items(getattr(m, k)) for m in earlier for k in dir(m)
+                        if k.isupper() and isinstance(getattr(m, k), (str, list))
+                        and all(isinstance(x, str) for x in getattr(m, k))))
+    assert len(old) > 600
+    for k in ("TOPICS5", "PEOPLE5", "AUDIENCES5", "ASKS5", "PLANS5", "NAMES5"):
+        new = items(getattr(mod, k))
+        assert len(new) >= 8 and not new & old, (k, new & old)
+    assert mod.chat5_prompts(random.Random(3), 100) == mod.chat5_prompts(random.Random(3), 100)
+    assert mod.math5_prompts(random.Random(1), 100) != mod.math5_prompts(random.Random(3), 100)

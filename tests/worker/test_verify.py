@@ -3,14 +3,15 @@ batching, determinism, and a statistical test that draft -> verify -> accept
 emits exactly the target's distribution (greedy and sampled drafts)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from dspark.shared import rng
-from dspark.shared.acceptance import VerifyResult, accept
-from dspark.worker.sampler import RowParams, sample
+from dspark.shared.acceptance import RESIDUAL_SKIPPED, VerifyResult, accept
+from dspark.worker.sampler import RowParams, inverse_cdf, sample
 from dspark.worker.verify import VerifyInput, processed_probs, sample_draft, verify
 
 GREEDY = RowParams()
@@ -82,15 +83,62 @@ def test_mixed_batch_fields():
             assert r.p_draft[i] == pytest.approx(p[i, d].item(), abs=1e-7)
             assert r.uniforms[i] == rng.uniform(x.params.seed, x.anchor_position + i + 1,
                                                 rng.STREAM_ACCEPT)
-            residual = (q[i] - p[i]).clamp_min(0)
-            if residual.sum() > 0:
-                assert residual[r.residual_tokens[i]] > 0
+        # the residual sample where acceptance first rejects (the sample an eager
+        # computation at every position gives there), skipped where it is not read
+        eager = _eager_residuals(q, p, x)
+        j = next((i for i in range(k)
+                  if eager[i] != -1 and not r.uniforms[i] * r.p_draft[i] < r.q_draft[i]), k)
+        dense = not (x.params.greedy and x.draft_probs is None)
+        for i in range(k):
+            if i == j or not dense:
+                assert r.residual_tokens[i] == eager[i]
             else:
-                assert r.residual_tokens[i] == -1
+                assert r.residual_tokens[i] in (-1, RESIDUAL_SKIPPED)
+        if j < k:
+            assert (q[j] - p[j]).clamp_min(0)[r.residual_tokens[j]] > 0
+        lazy = accept(r, greedy=False)
+        assert lazy == accept(dataclasses.replace(r, residual_tokens=eager), greedy=False)
+        assert lazy.num_accepted == j
         if x.params.greedy and x.draft_probs is None:  # one-hot q and p: comparisons only
             assert r.q_draft == [float(d == t) for d, t in zip(x.draft_tokens, r.target_tokens)]
             assert r.residual_tokens == [-1 if d == t else t
                                          for d, t in zip(x.draft_tokens, r.target_tokens)]
+
+
+def _eager_residuals(q: torch.Tensor, p: torch.Tensor, x: VerifyInput) -> list[int]:
+    """The residual sample at every draft position (-1 where it is zero)."""
+    out = []
+    for i in range(len(x.draft_tokens)):
+        res = (q[i] - p[i]).clamp_min(0)
+        u = rng.uniform(x.params.seed, x.anchor_position + i + 1, rng.STREAM_RESIDUAL)
+        out.append(inverse_cdf(res[None], [u]).item() if res.sum() > 0 else -1)
+    return out
+
+
+def test_residuals_only_where_read_and_a_disagreeing_acceptance_raises():
+    """Sampled requests: the worker computes the residual at the first draft
+    acceptance rejects and skips the rest; acceptance that would reject a
+    skipped draft (another uniform, say) fails loudly instead of accepting it."""
+    vocab, k, seen = 300, 7, set()
+    for seed in range(12):
+        params = RowParams(0.9, 0, 0.95, seed)
+        d, probs = _draft(params, k, 40, vocab, seed=200 + seed)
+        # the target's rows: the draft's logits (_draft's) plus noise, and one more
+        target = torch.cat([_randn(k, vocab, seed=200 + seed)
+                            + _randn(k, vocab, seed=300 + seed, scale=0.6),
+                            _randn(1, vocab, seed=400 + seed)])
+        (res,) = verify(target, [VerifyInput(d, params, 40, probs)])
+        n = accept(res, greedy=False).num_accepted
+        seen.add(n)
+        assert all(r == RESIDUAL_SKIPPED for r in res.residual_tokens[:n])
+        assert all(r == RESIDUAL_SKIPPED for r in res.residual_tokens[n + 1:])
+        if n < k:
+            assert res.residual_tokens[n] >= 0
+        if n > 0:  # a uniform that rejects an accepted draft: no silent accept
+            bad = dataclasses.replace(res, uniforms=[1.0 - 1e-9] * k)
+            with pytest.raises(ValueError, match="computed no residual"):
+                accept(bad, greedy=False)
+    assert len(seen) >= 3  # first rejected, middle and later ones all occurred
 
 
 def test_a_request_does_not_depend_on_its_batch_and_is_deterministic():
@@ -126,7 +174,8 @@ def test_drafter_equal_to_target_accepts_everything():
         probs = processed_probs(logits[:k], [params] * k)
         drafts = sample_draft(probs, [params] * k, [31 + i for i in range(k)]).tolist()
         (res,) = verify(logits, [VerifyInput(drafts, params, 30, probs)])
-        assert res.q_draft == res.p_draft and res.residual_tokens == [-1] * k
+        assert res.q_draft == res.p_draft  # no residual is ever read: none made
+        assert res.residual_tokens == [-1 if params.greedy else RESIDUAL_SKIPPED] * k
         assert accept(res, greedy=False).tokens == drafts + [res.target_tokens[k]]
 
 

@@ -43,6 +43,7 @@ import itertools
 import threading
 from collections import deque
 
+from dspark.shared.acceptance import accept
 from dspark.shared.config import SchedulerConfig
 from dspark.shared.types import (FinishReason, RequestOutput, SamplingParams, SeqStep,
                                  SpecSummary, StepOutput, StepPlan, WorkerInfo)
@@ -359,7 +360,10 @@ class Scheduler(SpeculationMixin):
             if seq.num_speculative_tokens:
                 res = self._verify_result(plan.step_id, seq, out, budgeted)
                 verified += res.num_drafts
-                accepted.append((req, res, list(out.confidences)))
+                # accepted here, before any commit: a result acceptance rejects
+                # (e.g. a skipped residual it would need) changes no state
+                acc = accept(res, greedy=req.sampling.greedy)
+                accepted.append((req, (res, acc), list(out.confidences)))
             elif out is None or not 0 <= out.token_id < self.info.vocab_size:
                 raise ValueError(f"step {plan.step_id}: no valid sampled token for "
                                  f"{seq.request_id!r} (got {out})")
@@ -370,7 +374,7 @@ class Scheduler(SpeculationMixin):
                              f"its verify_budget={plan.verify_budget}")
         self._observe_step(plan, output, by_id)
         return [self._commit(req, tok) if isinstance(tok, int)
-                else self._commit_spec(req, tok, conf) for req, tok, conf in accepted]
+                else self._commit_spec(req, *tok, conf) for req, tok, conf in accepted]
 
     def _commit(self, req: Request, token_id: int) -> RequestOutput:
         req.pending_sample_step = None

@@ -21,7 +21,7 @@ Verify policies (``WorkerInfo.verify_policy``):
 from __future__ import annotations
 
 from dspark.shared import rng
-from dspark.shared.acceptance import VerifyResult, accept, truncate
+from dspark.shared.acceptance import Acceptance, VerifyResult, truncate
 from dspark.shared.types import (FinishReason, RequestOutput, SeqOutput, SeqStep, SpecSummary,
                                  WorkerInfo)
 from dspark.shared.verify_fill import cumulative
@@ -247,11 +247,10 @@ class SpeculationMixin:
             self.spec_totals.unverified_steps += 1
             self.last_spec_events.append((0, 0, False, True))
 
-    def _commit_spec(self, req: Request, result: VerifyResult,
+    def _commit_spec(self, req: Request, result: VerifyResult, acc: Acceptance,
                      confidences: list[float]) -> RequestOutput:
-        """Accept (shared/acceptance.py), truncate at stop conditions, commit."""
+        """Commit an accepted step (``accept(result)``), truncated at stop conditions."""
         sp = req.sampling
-        acc = accept(result, greedy=sp.greedy)
         kept, reason = truncate(acc.tokens, remaining_tokens=sp.max_tokens - req.num_output_tokens,
                                 remaining_len=self._max_len - req.num_tokens,
                                 stop_token_ids=sp.stop_token_ids, eos_token_ids=self._eos,
