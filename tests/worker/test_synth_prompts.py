@@ -276,7 +276,7 @@ def test_fifth_round_examples_are_the_reference_answers_and_word_lists_are_new()
               "day_of_year": ("2020-03-01", 61), "to_ordinal": (112, "112th"), "with_thousands": (-1234567, "-1,234,567"),
               "duration_seconds": ("1h30m5s", 5405), "human_bytes": (1536, "1.5 KB"), "eval_postfix": (["3", "4", "+", "2", "*"], 14),
               "dense_rank": ([50, 70, 50, 90], [3, 2, 3, 1]), "next_greater": ([4, 5, 2, 25], [5, 25, 25, -1]),
-              "digital_root": (493193, 8), "sum_of_multiples": ((10, [3, 5]), 23), "majority_element": ([1, 2, 1, 3], None),
+              "digital_root": (493193, 2), "sum_of_multiples": ((10, [3, 5]), 23), "majority_element": ([1, 2, 1, 3], None),
               "days_in_month": ((2024, 2), 29), "wait_times": ([3, 1, 2], [0, 3, 4]),
               "apply_stack_ops": (["push 1", "pop", "pop", "push 4"], [4])}
     for name, (args, want) in checks.items():
