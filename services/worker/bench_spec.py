@@ -12,7 +12,9 @@ its own, on eval prompts, greedy (or sampled: ``--temperature`` and optionally
 a time. The deployments run the same prompts in alternating rounds (one
 process at a time, the others wait; the order reverses every round), and
 every runner step is split into the target forward, drafting, results
-(sampling the plain rows, verifying the drafts) and the rest. Prints per
+(sampling the plain rows, verifying the drafts) and the rest; the time
+between runner steps (the scheduler core planning and committing, the
+engine's loop) is reported beside it. Prints per
 deployment tokens/s, steps, ms per step by part and tokens per step, then the
 ratio and the tokens per step at which K = 7 would break even with K = 0 (its
 ms per step over K = 0's ms per token).
@@ -132,7 +134,9 @@ def _serve(conn, dep: Deployment, args: dict, prompts: list[list[int]]) -> None:
             conn.send(None)
         elif cmd == "round":
             items = [(f"{dep.name}-{arg}-{i}", p) for i, p in enumerate(prompts)]
-            conn.send(run_round(engine, items, sampling, seeded=True))
+            n, s = run_round(engine, items, sampling, seeded=True)
+            acc["wall"] += s
+            conn.send((n, s))
         elif cmd == "stats":
             conn.send(dict(acc))
         else:
@@ -232,7 +236,8 @@ def main() -> None:
         print(f"{name}: {rate[name]:.1f} tok/s, {steps:.0f} steps, {tokens[name] / steps:.3f} "
               f"tokens/step, {1e3 * acc['step'] / steps:.2f} ms/step = "
               + " + ".join(f"{p} {v:.2f}" for p, v in parts.items()) + f" + other {other:.2f}"
-              + f" (drafted on {acc.get('draft_calls', 0):.0f} steps)")
+              + f" (drafted on {acc.get('draft_calls', 0):.0f} steps); the scheduler and "
+              f"engine between steps {1e3 * (acc['wall'] - acc['step']) / steps:.2f} ms/step")
     for name in accs:
         if name == "k0":
             continue

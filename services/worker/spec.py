@@ -174,20 +174,24 @@ class LeasePool:
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         rows: dict[int, list[torch.Tensor]] = {i: [] for i in sampled}
 
+        every = len(sampled) == len(params)
+        sel = torch.tensor(sampled, dtype=torch.long, device=dev) if sampled else None
+        sub = [params[i] for i in sampled]
+
         def pick(k: int, logits: torch.Tensor):
-            slot = argmax_rows(logits)
+            """(draft slots [B], p(draft) [B] float32 or None when all are greedy)."""
             if not sampled:
-                return slot, None
-            sel = torch.tensor(sampled, dtype=torch.long, device=dev)
-            sub = [params[i] for i in sampled]
-            probs = processed_probs(logits.index_select(0, sel).float(), sub)
+                return argmax_rows(logits), None
+            probs = processed_probs(logits if every else logits.index_select(0, sel), sub)
             drawn = sample_draft(probs, sub, [anchor_pos[i] + k + 1 for i in sampled])
-            slot = slot.index_copy(0, sel, drawn.to(slot.device))
             for j, i in enumerate(sampled):
                 rows[i].append(probs[j])
-            full = torch.zeros(logits.shape, dtype=torch.float32, device=dev)
-            full.scatter_(1, slot.unsqueeze(1), 1.0)
-            return slot, full.index_copy(0, sel, probs)
+            p_drawn = probs.gather(1, drawn.unsqueeze(1)).squeeze(1)
+            if every:
+                return drawn, p_drawn
+            p = torch.ones(len(params), dtype=torch.float32, device=dev)  # greedy: one-hot
+            return (argmax_rows(logits).index_copy(0, sel, drawn.to(dev)),
+                    p.index_copy(0, sel, p_drawn))
 
         out = dr.draft_from_h(h, a, use_markov=use_markov, pick=pick, depth=depth)
         dists: list[torch.Tensor | None] = [None] * len(leases)

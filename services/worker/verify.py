@@ -62,9 +62,11 @@ def processed_probs(logits: torch.Tensor, params: Sequence[RowParams]) -> torch.
     softmax of the sampler's temperature/top-k/top-p filtered logits, one-hot
     at the argmax for greedy rows."""
     logits = logits.float()
-    probs = torch.zeros_like(logits)
     greedy = [i for i, p in enumerate(params) if p.greedy]
     rand = [i for i, p in enumerate(params) if not p.greedy]
+    if not greedy:  # all sampled (a sampled request's draft rows): no scatter
+        return torch.softmax(_filtered_logits(logits, list(params)), dim=-1)
+    probs = torch.zeros_like(logits)
     if greedy:
         g = _index(greedy, logits.device)
         probs.index_put_((g, argmax_rows(logits.index_select(0, g))),
@@ -84,8 +86,11 @@ def sample_draft(probs: torch.Tensor, params: Sequence[RowParams],
     inverse CDF with ``uniform(seed, positions[i], STREAM_DRAFT)``, where
     positions[i] is the position of the drafted token.
     """
-    tokens = argmax_rows(probs)
     rand = [i for i, p in enumerate(params) if not p.greedy]
+    if len(rand) == len(params):  # all sampled: no argmax, no scatter
+        u = [uniform(p.seed, pos, STREAM_DRAFT) for p, pos in zip(params, positions)]
+        return inverse_cdf(probs.float(), u)
+    tokens = argmax_rows(probs)
     if rand:
         r = _index(rand, probs.device)
         u = [uniform(params[i].seed, positions[i], STREAM_DRAFT) for i in rand]

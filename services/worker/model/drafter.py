@@ -551,8 +551,10 @@ class DSparkDrafter(torch.nn.Module):
         anchor_pos [B]. temperature 0 is greedy, and then p_k is the one-hot of the
         argmax (the distribution actually drafted from). ``use_markov=False`` drafts
         from the backbone alone (the DFlash ablation). ``pick(k, logits [B, Vd])``,
-        when given, returns (draft slots [B], distribution [B, Vd]) instead
-        (per-request sampling). Tokens are target ids; dists span the target vocab.
+        when given, returns (draft slots [B], p(slot) [B] float32, or None when
+        every pick is an argmax) instead: per-request sampling, whose caller keeps
+        the distributions (no ``return_dists`` then). Tokens are target ids;
+        dists span the target vocab.
         """
         h = self.backbone(ctx_rows, ctx_positions, ctx_lengths, anchors, anchor_pos)
         return self.draft_from_h(h, anchors, temperature, generator, return_dists,
@@ -574,6 +576,9 @@ class DSparkDrafter(torch.nn.Module):
         (each op costs microseconds of dispatch), so the loop is kept short."""
         c = self.config
         b, k_max = h.shape[0], c.block_size
+        if pick is not None and return_dists:
+            raise ValueError("draft: pick keeps its own distributions; return_dists "
+                             "is for temperature drafting")
         if depth is not None:
             if not 1 <= depth <= k_max:
                 raise ValueError(f"draft depth={depth} must be in 1..{k_max}")
@@ -592,14 +597,18 @@ class DSparkDrafter(torch.nn.Module):
                 rows.append(e)
                 if use_markov:  # + B(x_{k-1}) = W2 @ W1[x_{k-1}] (as markov_bias), in fp32
                     logits = torch.add(logits, self._plin(e, self.markov_w2, "_packed_w2"))
-            if pick is not None:
-                slot, p = pick(k, logits)
+            p_slot = None
+            if pick is not None:  # (slots, p(slot) or None: one-hot), no distribution
+                slot, p_slot = pick(k, logits)
+                p = None
             elif temperature > 0:
                 p = torch.softmax(logits / temperature, -1)
                 slot = torch.multinomial(p, 1, generator=generator).squeeze(1)
             else:
                 slot, p = argmax_rows(logits), None
-            probs.append(None if p is None else p.gather(1, slot.unsqueeze(1)).squeeze(1).float())
+            if p is not None:
+                p_slot = p.gather(1, slot.unsqueeze(1)).squeeze(1)
+            probs.append(None if p_slot is None else p_slot.float())
             toks.append(slot)
             if return_dists:
                 dists.append(self._full_dist(p, slot))
