@@ -118,20 +118,24 @@ class LeasePool:
         each lease at most once), one scatter for all; ``flush`` projects them."""
         if not items:
             return
-        leases, slots, positions, rows = [], [], [], []
+        # indices as Python lists, one tensor for all (a few ops a step, not a
+        # few per lease: this runs every step of every speculating request)
+        leases: list[int] = []
+        positions: list[int] = []
+        rows = []
         for lease, start, taps in items:
             n = taps.shape[0]
             if n > self.ring:
                 taps, start, n = taps[-self.ring:], start + n - self.ring, self.ring
-            pos = torch.arange(start, start + n, device=taps.device)
-            leases.append(torch.full((n,), lease, dtype=torch.long, device=taps.device))
-            slots.append(pos % self.ring)
-            positions.append(pos)
+            leases += [lease] * n
+            positions += range(start, start + n)
             rows.append(taps)
-        lease_idx, slot_idx = torch.cat(leases), torch.cat(slots)
+        idx = torch.tensor([leases, positions], dtype=torch.long, device=self.raw.device)
+        lease_idx, pos = idx[0], idx[1]
+        slot_idx = pos % self.ring
         taps = rows[0] if len(rows) == 1 else torch.cat(rows)
         self.raw[lease_idx, slot_idx] = taps.to(self.raw.dtype)
-        self.raw_pos[lease_idx, slot_idx] = torch.cat(positions)
+        self.raw_pos[lease_idx, slot_idx] = pos
 
     @torch.no_grad()
     def flush(self, leases: list[int]) -> None:
