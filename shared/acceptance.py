@@ -55,8 +55,13 @@ class VerifyResult:
     draft_tokens: list[int]  # [K] d_1..d_K
     # [K+1] t_i: the target's own token at position a+i+1 from row i: argmax
     # q_i (greedy) or the seeded sample from q_i that plain decoding draws there
+    # (sampled: only t_K is read, when every draft is accepted; the worker may
+    # leave other rows' argmax)
     target_tokens: list[int]
-    q_draft: list[float]  # [K] q_{i}(d_{i+1}) under the request's processing
+    # [K] q_{i}(d_{i+1}) under the request's processing (sampled: past the first
+    # rejection, where nothing is read, the worker may leave 0 with a skipped
+    # residual)
+    q_draft: list[float]
     p_draft: list[float]  # [K] p_{i+1}(d_{i+1}) of the drafter; 1.0 for a one-hot draft
     uniforms: list[float]  # [K] u in (0, 1): rng.uniform(seed, a+i+1, STREAM_ACCEPT)
     # [K] seeded sample from normalize(max(0, q_i - p_{i+1})) (position a+i+1),

@@ -6,25 +6,32 @@ Row i of request r is at position ``a_r + i`` and yields ``q_i``, the
 distribution of the token at position ``a_r + i + 1``. ``verify`` returns per
 request a ``dspark.shared.acceptance.VerifyResult``:
 
-- ``t_i``: exactly what ``sampler.sample`` returns for (seed, a_r + i + 1) on
-  that row (argmax for greedy rows, otherwise the inverse CDF of q at the
-  sampler's own uniform, stream ``STREAM_SAMPLE``), so plain and speculative
-  decoding share one stream and a K = 0 request is a plain decode step;
+- ``t_i``: the target's own token at position a_r + i + 1: the argmax for
+  greedy rows; for a sampled request, on the bonus row (when acceptance
+  reaches it) exactly what ``sampler.sample`` returns for (seed, a_r + i + 1)
+  on that row (the inverse CDF of q at the sampler's own uniform, stream
+  ``STREAM_SAMPLE``), so plain and speculative decoding share one stream and
+  a K = 0 request is a plain decode step;
 - ``q(d_i)`` with q = ``processed_probs`` (softmax of the sampler's filtered
   logits, one-hot at the argmax for greedy rows), and ``p(d_i)`` from the
   draft's processed rows (1.0 for a one-hot draft);
 - ``u_i`` = ``rng.uniform(seed, a_r + i, STREAM_ACCEPT)`` (the position of d_i);
 - the residual sample from ``normalize(max(0, q_{i-1} - p_i))`` by inverse
   CDF with ``rng.uniform(seed, a_r + i, STREAM_RESIDUAL)``, or -1 when that
-  vector is zero; for rows with a full q or p only where acceptance will read
-  it (the first draft it rejects), ``RESIDUAL_SKIPPED`` elsewhere (the worker
-  runs acceptance's test on the same float32 values and uniforms).
+  vector is zero.
 
-Only rows where q or p is not one-hot do V-sized residual work; a greedy
-request drafted greedily reduces to comparisons. ``processed_probs`` and
-``sample_draft`` (stream ``STREAM_DRAFT``, inverse CDF) are what the
-drafter's left-to-right Markov loop uses to draft at the request's
-temperature, so p and q are processed the same way.
+A greedy request drafted greedily reduces to comparisons. Any other request
+is walked in acceptance's order, running acceptance's test on the same
+float32 values and uniforms the scheduler will (``_walk``): q is computed for
+the rows acceptance reaches, the residual only at the draft it first
+rejects. Past that point the fields are placeholders acceptance never reads
+(q = 0, residual ``RESIDUAL_SKIPPED``, t = the argmax); an acceptance that
+disagreed would raise on the skipped residual rather than accept. A sampled
+window of 8 rows thus filters ~1 + accepted rows instead of 8.
+
+``processed_probs`` and ``sample_draft`` (stream ``STREAM_DRAFT``, inverse
+CDF) are what the drafter's left-to-right Markov loop uses to draft at the
+request's temperature, so p and q are processed the same way.
 """
 from __future__ import annotations
 
@@ -102,7 +109,13 @@ def verify(logits: torch.Tensor, inputs: Sequence[VerifyInput]) -> list[VerifyRe
     """logits [sum(K_r + 1), V] of the verify rows -> one VerifyResult per input.
 
     Any float dtype: greedy rows take the argmax as given (a bf16 row's argmax is
-    its float32 copy's), only the sampled rows are converted to float32."""
+    its float32 copy's), only the sampled rows are converted to float32.
+
+    A greedy request drafted greedily reduces to comparisons. Any other request
+    (sampled, or with draft distributions) is walked row by row in acceptance's
+    order (``_walk``): the V-sized work of a row (its filtered distribution q,
+    the residual) is done only where acceptance will read it, so its fields
+    past the first rejection are placeholders acceptance never reads."""
     offsets, n = [], 0
     for x in inputs:
         k = len(x.draft_tokens)
@@ -113,10 +126,7 @@ def verify(logits: torch.Tensor, inputs: Sequence[VerifyInput]) -> list[VerifyRe
         n += k + 1
     if logits.shape[0] != n:
         raise ValueError(f"logits has {logits.shape[0]} rows, the inputs need {n}")
-    row_params = [RowParams(x.params.temperature, x.params.top_k, x.params.top_p,
-                            x.params.seed, x.anchor_position + i + 1)
-                  for x in inputs for i in range(len(x.draft_tokens) + 1)]
-    target, q = _target_rows(logits, row_params)
+    target = argmax_rows(logits).tolist()  # greedy rows' t_i (placeholders elsewhere)
     # draft k = d_{i+1} of request x, judged by target row off + i
     drafts = [_Draft(x, off + i, x.draft_tokens[i], x.anchor_position + i + 1)
               for x, off in zip(inputs, offsets) for i in range(len(x.draft_tokens))]
@@ -124,11 +134,21 @@ def verify(logits: torch.Tensor, inputs: Sequence[VerifyInput]) -> list[VerifyRe
     p = _Rows(torch.cat(p_rows).float().to(logits.device) if p_rows else None,
               [k for k, dr in enumerate(drafts) if dr.x.draft_probs is not None])
     # float32 as they travel (proto ``float``): the values the scheduler accepts on
-    q_draft = _as_float32(_probs_of_drafts(q, [dr.row for dr in drafts], drafts, target))
     p_draft = _as_float32(_probs_of_drafts(p, range(len(drafts)), drafts, None))
     uniforms = [uniform(dr.x.params.seed, dr.position, STREAM_ACCEPT) for dr in drafts]
-    residual = _residuals(q, p, drafts, target, q_draft, p_draft, uniforms,
-                          logits.shape[1], logits.device)
+    # one-hot q and p (greedy, drafted greedily): q(d) = [d == t], the residual
+    # is t where they differ
+    q_draft = [1.0 if dr.token == target[dr.row] else 0.0 for dr in drafts]
+    residual = [RESIDUAL_NONE if dr.token == target[dr.row] else target[dr.row]
+                for dr in drafts]
+    walks, first = [], 0
+    for x, off in zip(inputs, offsets):
+        kk = len(x.draft_tokens)
+        if not x.params.greedy or x.draft_probs is not None:
+            walks.append(_Walk(x, off, list(range(first, first + kk))))
+        first += kk
+    if walks:
+        _walk(logits, walks, drafts, p, target, q_draft, p_draft, uniforms, residual)
 
     out, k = [], 0
     for x, off in zip(inputs, offsets):
@@ -138,6 +158,97 @@ def verify(logits: torch.Tensor, inputs: Sequence[VerifyInput]) -> list[VerifyRe
             q_draft=q_draft[k:k + kk], p_draft=p_draft[k:k + kk],
             uniforms=uniforms[k:k + kk], residual_tokens=residual[k:k + kk]))
         k += kk
+    return out
+
+
+@dataclass
+class _Walk:
+    """A request verified row by row: its first row, its drafts' indices, and the
+    next draft acceptance will judge (``len(ks)``: the bonus row)."""
+
+    x: VerifyInput
+    off: int
+    ks: list[int]
+    j: int = 0
+
+    def row_params(self, i: int) -> RowParams:
+        p = self.x.params
+        return RowParams(p.temperature, p.top_k, p.top_p, p.seed,
+                         self.x.anchor_position + i + 1)
+
+
+def _walk(logits: torch.Tensor, walks: list[_Walk], drafts: list[_Draft], p: _Rows,
+          target: list[int], q_draft: list[float], p_draft: list[float],
+          uniforms: list[float], residual: list[int]) -> None:
+    """Acceptance's walk (``shared/acceptance.accept``, sampled rule) over each
+    request, in rounds batched over requests, filling q_draft, residual and
+    target in place where acceptance reads them.
+
+    Each round computes q (``processed_probs``) for the row each request
+    stands at, then: a draft with u * p < q is accepted (its residual
+    RESIDUAL_SKIPPED), the walk goes on; at the first rejection the residual
+    sample is drawn and the walk stops (a residual that is zero, q == p, is
+    -1 and the walk goes on); past the last draft the bonus token t_K is the
+    sampler's draw, as plain decoding draws it. Drafts after the stop keep q =
+    0 and RESIDUAL_SKIPPED, rows after it the argmax: acceptance of these very
+    values stops before them, and a different acceptance would raise on a
+    skipped residual rather than accept."""
+    dev, vocab = logits.device, logits.shape[1]
+    q_rows: dict[int, torch.Tensor] = {}  # row -> q (sampled rows only)
+    for w in walks:
+        for k in w.ks:
+            q_draft[k], residual[k] = 0.0, RESIDUAL_SKIPPED
+    active = walks
+    while active:
+        need = [(w, w.off + w.j) for w in active if not w.x.params.greedy]
+        if need:
+            rows = [r for _, r in need]
+            q = processed_probs(logits.index_select(0, _index(rows, dev)),
+                                [w.row_params(w.j) for w, _ in need])
+            q_rows.update(zip(rows, q))
+        bonus, reject, nxt = [], [], []
+        for w in active:
+            row = w.off + w.j
+            if w.j == len(w.ks):
+                if not w.x.params.greedy:
+                    bonus.append((w, row))
+                continue
+            k = w.ks[w.j]
+            d = drafts[k].token
+            qd = float(q_rows[row][d]) if row in q_rows else float(d == target[row])
+            q_draft[k] = _as_float32([qd])[0]
+            if uniforms[k] * p_draft[k] < q_draft[k]:  # accepted
+                w.j += 1
+                nxt.append(w)
+            else:
+                reject.append(w)
+        if bonus:  # t_K: the sampler's draw on that row
+            t = draw(torch.stack([q_rows[r] for _, r in bonus]),
+                     [w.row_params(w.j) for w, _ in bonus]).tolist()
+            for (_, r), tok in zip(bonus, t):
+                target[r] = tok
+        if reject:
+            ks = [w.ks[w.j] for w in reject]
+            rows = [w.off + w.j for w in reject]
+            qf = torch.stack([q_rows[r] if r in q_rows else
+                              _one_hot(target[r], vocab, dev) for r in rows])
+            pf = _dense(p, ks, [drafts[k].token for k in ks], vocab, dev)
+            res = (qf - pf).clamp_min_(0.0)  # [len(reject), V]
+            u = [uniform(drafts[k].x.params.seed, drafts[k].position, STREAM_RESIDUAL)
+                 for k in ks]
+            picked = inverse_cdf(res, u).tolist()
+            defined = (res.sum(-1) > 0).tolist()
+            for w, k, tok, ok in zip(reject, ks, picked, defined):
+                residual[k] = tok if ok else RESIDUAL_NONE
+                if not ok:  # q == p there: acceptance goes on to the next draft
+                    w.j += 1
+                    nxt.append(w)
+        active = nxt
+
+
+def _one_hot(token: int, vocab: int, device) -> torch.Tensor:
+    out = torch.zeros(vocab, device=device)
+    out[token] = 1.0
     return out
 
 
@@ -157,20 +268,6 @@ class _Rows:
     def __init__(self, probs: torch.Tensor | None, rows: Sequence[int]) -> None:
         self.probs = probs  # [len(rows), V] or None
         self.slot = {j: s for s, j in enumerate(rows)}
-
-
-def _target_rows(logits: torch.Tensor, row_params: list[RowParams]) -> tuple[list[int], _Rows]:
-    """t_j for every row (as ``sampler.sample``) and q_j for the sampled rows."""
-    target = argmax_rows(logits)  # [n] greedy rows: argmax of the raw logits
-    rand = [j for j, p in enumerate(row_params) if not p.greedy]
-    if not rand:
-        return target.tolist(), _Rows(None, [])
-    r = _index(rand, logits.device)
-    params = [row_params[j] for j in rand]
-    q = torch.softmax(_filtered_logits(logits.index_select(0, r).float(), params), dim=-1)
-    # the sampler's draw, term for term, so t_j == sample()'s token
-    target.index_copy_(0, r, draw(q, params))
-    return target.tolist(), _Rows(q, rand)
 
 
 def _probs_of_drafts(dist: _Rows, rows: Sequence[int], drafts: list[_Draft],
@@ -194,77 +291,6 @@ def _probs_of_drafts(dist: _Rows, rows: Sequence[int], drafts: list[_Draft],
         for k, v in zip(full_k, vals.tolist()):
             out[k] = v
     return out
-
-
-def _residuals(q: _Rows, p: _Rows, drafts: list[_Draft], target: list[int],
-               q_draft: list[float], p_draft: list[float], uniforms: list[float],
-               vocab: int, device: torch.device) -> list[int]:
-    """The residual samples acceptance can use: per draft, the seeded sample from
-    normalize(max(0, q - p)), -1 where that is zero.
-
-    One-hot rows (q and p both one-hot) cost nothing and are always given. A
-    draft with a full q or p row needs V-sized work, and acceptance reads its
-    residual only where it first rejects (``u * p >= q``, on these very float32
-    values and uniforms): so each request's drafts are walked in order, the
-    residual is computed at its first rejected draft only (in one batch over
-    requests), and the others get RESIDUAL_SKIPPED. Where that residual is zero
-    (q == p: acceptance continues) the walk goes on past it in another batch."""
-    out = [RESIDUAL_NONE] * len(drafts)
-    full = set()
-    for k, dr in enumerate(drafts):
-        if dr.row in q.slot or k in p.slot:
-            full.add(k)
-        elif dr.token != target[dr.row]:  # one-hot q and p at different tokens
-            out[k] = target[dr.row]
-    if not full:
-        return out
-    requests: dict[int, list[int]] = {}
-    for k, dr in enumerate(drafts):
-        requests.setdefault(id(dr.x), []).append(k)
-    walks = [(ks, 0) for ks in requests.values() if any(k in full for k in ks)]
-    while walks:
-        need = []  # (drafts of the request, index of the first rejected one)
-        for ks, start in walks:
-            for j in range(start, len(ks)):
-                k = ks[j]
-                if out[k] == RESIDUAL_NONE and k not in full:
-                    continue  # one-hot and equal: accepted
-                if uniforms[k] * p_draft[k] < q_draft[k]:  # accepted (acceptance.accept)
-                    if k in full:
-                        out[k] = RESIDUAL_SKIPPED
-                    continue
-                if k in full:
-                    need.append((ks, j))
-                else:  # rejected, its residual known: nothing after it is read
-                    _skip_after(out, ks, j, full)
-                break
-        if not need:
-            break
-        ks_need = [ks[j] for ks, j in need]
-        qf = _dense(q, [drafts[k].row for k in ks_need],
-                    [target[drafts[k].row] for k in ks_need], vocab, device)
-        pf = _dense(p, ks_need, [drafts[k].token for k in ks_need], vocab, device)
-        res = (qf - pf).clamp_min_(0.0)  # [len(need), V]
-        u = [uniform(drafts[k].x.params.seed, drafts[k].position, STREAM_RESIDUAL)
-             for k in ks_need]
-        picked = inverse_cdf(res, u).tolist()
-        defined = (res.sum(-1) > 0).tolist()
-        walks = []
-        for (ks, j), tok, ok in zip(need, picked, defined):
-            if ok:
-                out[ks[j]] = tok
-                _skip_after(out, ks, j, full)
-            else:  # q == p there: acceptance goes on to the next draft
-                out[ks[j]] = RESIDUAL_NONE
-                walks.append((ks, j + 1))
-    return out
-
-
-def _skip_after(out: list[int], ks: list[int], j: int, full: set[int]) -> None:
-    """Drafts after a request's first rejection: their residuals are never read."""
-    for k in ks[j + 1:]:
-        if k in full:
-            out[k] = RESIDUAL_SKIPPED
 
 
 def _dense(dist: _Rows, rows: Sequence[int], onehot_at: Sequence[int], vocab: int,

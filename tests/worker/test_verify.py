@@ -64,45 +64,54 @@ def test_k0_is_plain_decoding():
 
 
 def test_mixed_batch_fields():
+    """Every field acceptance reads equals an eager computation of every row
+    (t_i as the sampler draws it, q and p of each draft, the residual of each
+    position); a sampled request's fields past its first rejection are the
+    placeholders acceptance never reads."""
     logits, inputs = _mixed_batch()
     res = verify(logits, inputs)
-    off = 0
+    off, walked = 0, 0
     for x, r in zip(inputs, res):
         k = len(x.draft_tokens)
         rows = [_row_params(x, i) for i in range(k + 1)]
         lg = logits[off:off + k + 1]
         off += k + 1
-        # t_i: what the sampler draws on that row at that position
-        assert r.target_tokens == sample(lg, rows)[0].tolist()
+        t = sample(lg, rows)[0].tolist()  # what the sampler draws on each row
         q = processed_probs(lg, rows)  # [K+1, V]
         p = x.draft_probs if x.draft_probs is not None else \
             torch.nn.functional.one_hot(torch.tensor(x.draft_tokens, dtype=torch.long),
                                         lg.shape[1]).float()
-        for i, d in enumerate(x.draft_tokens):
-            assert r.q_draft[i] == pytest.approx(q[i, d].item(), abs=1e-7)
-            assert r.p_draft[i] == pytest.approx(p[i, d].item(), abs=1e-7)
-            assert r.uniforms[i] == rng.uniform(x.params.seed, x.anchor_position + i + 1,
-                                                rng.STREAM_ACCEPT)
-        # the residual sample where acceptance first rejects (the sample an eager
-        # computation at every position gives there), skipped where it is not read
-        eager = _eager_residuals(q, p, x)
-        j = next((i for i in range(k)
-                  if eager[i] != -1 and not r.uniforms[i] * r.p_draft[i] < r.q_draft[i]), k)
-        dense = not (x.params.greedy and x.draft_probs is None)
+        u = [rng.uniform(x.params.seed, x.anchor_position + i + 1, rng.STREAM_ACCEPT)
+             for i in range(k)]
+        assert r.uniforms == u
+        ref = VerifyResult(list(x.draft_tokens), t, [q[i, d].item() for i, d in
+                                                     enumerate(x.draft_tokens)],
+                           [p[i, d].item() for i, d in enumerate(x.draft_tokens)], u,
+                           _eager_residuals(q, p, x))
+        want = accept(ref, greedy=x.params.greedy)
+        assert accept(r, greedy=x.params.greedy) == want
+        assert accept(r, greedy=False) == accept(ref, greedy=False)
+        if x.params.greedy and x.draft_probs is None:  # one-hot q and p: comparisons only
+            assert r.target_tokens == t
+            assert r.q_draft == [float(d == tt) for d, tt in zip(x.draft_tokens, t)]
+            assert r.residual_tokens == ref.residual_tokens
+            continue
+        walked += 1
+        j = want.num_accepted  # the draft acceptance stops at (k: none, the bonus)
         for i in range(k):
-            if i == j or not dense:
-                assert r.residual_tokens[i] == eager[i]
+            assert r.p_draft[i] == pytest.approx(ref.p_draft[i], abs=1e-7)
+            if i <= j:  # read by acceptance: the eager values
+                assert r.q_draft[i] == pytest.approx(ref.q_draft[i], abs=1e-7)
+            else:
+                assert r.q_draft[i] == 0.0
+            if i == j:
+                assert r.residual_tokens[i] == ref.residual_tokens[i] >= 0
+                assert (q[i] - p[i]).clamp_min(0)[r.residual_tokens[i]] > 0
             else:
                 assert r.residual_tokens[i] in (-1, RESIDUAL_SKIPPED)
-        if j < k:
-            assert (q[j] - p[j]).clamp_min(0)[r.residual_tokens[j]] > 0
-        lazy = accept(r, greedy=False)
-        assert lazy == accept(dataclasses.replace(r, residual_tokens=eager), greedy=False)
-        assert lazy.num_accepted == j
-        if x.params.greedy and x.draft_probs is None:  # one-hot q and p: comparisons only
-            assert r.q_draft == [float(d == t) for d, t in zip(x.draft_tokens, r.target_tokens)]
-            assert r.residual_tokens == [-1 if d == t else t
-                                         for d, t in zip(x.draft_tokens, r.target_tokens)]
+        if j == k and not x.params.greedy:
+            assert r.target_tokens[k] == t[k]  # the bonus: the sampler's own draw
+    assert walked >= 3
 
 
 def _eager_residuals(q: torch.Tensor, p: torch.Tensor, x: VerifyInput) -> list[int]:
