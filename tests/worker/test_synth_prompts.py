@@ -23,6 +23,37 @@ def _read(path: Path) -> list[str]:
             if line.strip()]
 
 
+def _regenerated(n: int, files, tmp_path, monkeypatch):
+    """Round n's script run again into tmp_path gives the committed files byte
+    for byte (nothing in rounds 4-5 depends on the Python version); returns the
+    script's module and the committed prompts by file."""
+    if not EVAL.is_dir():
+        pytest.skip(f"no eval prompt sets at {EVAL} (the round drops prompts near them)")
+    mod = _load(f"synth_prompts{n}")
+    monkeypatch.setattr("sys.argv", [f"synth_prompts{n}.py", str(tmp_path)])
+    assert mod.main() == 0
+    committed = ROOT / f"data/prompts-synth{n}"
+    for name in files:
+        assert (tmp_path / f"{name}.jsonl").read_bytes() == \
+            (committed / f"{name}.jsonl").read_bytes(), name
+    return mod, {name: _read(committed / f"{name}.jsonl") for name in files}
+
+
+def _far_from_eval(prompts: list[str]) -> list[str]:
+    """Assert that no prompt is equal or near an eval prompt (EvalGuard) nor holds
+    a line of an eval problem; returns the eval prompts."""
+    from collections import Counter
+
+    from dspark.worker.training.decontam import EvalGuard
+    guard = EvalGuard.from_dir(EVAL)
+    assert not [t for t in prompts if guard.near(t)][:5]
+    evals = [t for f in EVAL.glob("*.jsonl") for t in _read(f)]
+    lines = Counter(ln.strip() for e in evals for ln in set(e.split("\n")))
+    problem = {ln for ln, n in lines.items() if len(ln) >= 40 and n <= 3}
+    assert not sorted(problem & {ln.strip() for t in prompts for ln in t.split("\n")})[:5]
+    return evals
+
+
 def test_synth_prompts_are_seeded_and_match_the_committed_files(tmp_path, monkeypatch):
     mod = _load()
     monkeypatch.setattr("sys.argv", ["synth_prompts.py", str(tmp_path)])
@@ -148,15 +179,7 @@ ROUND4 = ("synth4-chat", "synth4-math", "synth4-code")
 
 
 def test_fourth_round_is_seeded_matches_the_committed_files_and_is_far_from_eval(tmp_path, monkeypatch):
-    if not EVAL.is_dir():
-        pytest.skip(f"no eval prompt sets at {EVAL} (the round drops prompts near them)")
-    mod = _load("synth_prompts4")
-    monkeypatch.setattr("sys.argv", ["synth_prompts4.py", str(tmp_path)])
-    assert mod.main() == 0
-    committed = ROOT / "data/prompts-synth4"
-    for name in ROUND4:  # byte for byte: nothing in this round depends on the Python version
-        assert (tmp_path / f"{name}.jsonl").read_bytes() == (committed / f"{name}.jsonl").read_bytes(), name
-    sets = {name: _read(committed / f"{name}.jsonl") for name in ROUND4}
+    mod, sets = _regenerated(4, ROUND4, tmp_path, monkeypatch)
     assert len(sets["synth4-chat"]) >= 1400 and len(sets["synth4-math"]) >= 170 and len(sets["synth4-code"]) >= 170
     r4 = [t for v in sets.values() for t in v]
     assert len(sets["synth4-chat"]) / len(r4) >= 0.75  # the round is aimed at chat
@@ -165,16 +188,9 @@ def test_fourth_round_is_seeded_matches_the_committed_files_and_is_far_from_eval
                for f in (ROOT / "data" / d).glob("*.jsonl") for t in _read(f)}
     assert not earlier & set(r4)
     # none equal or near an eval prompt, no line of an eval problem, no eval entry point
-    from collections import Counter
     import re
 
-    from dspark.worker.training.decontam import EvalGuard
-    guard = EvalGuard.from_dir(EVAL)
-    assert not [t for t in r4 if guard.near(t)][:5]
-    evals = [t for f in EVAL.glob("*.jsonl") for t in _read(f)]
-    lines = Counter(ln.strip() for e in evals for ln in set(e.split("\n")))
-    problem = {ln for ln, n in lines.items() if len(ln) >= 40 and n <= 3}
-    assert not sorted(problem & {ln.strip() for t in r4 for ln in t.split("\n")})[:5]
+    evals = _far_from_eval(r4)
     eval_names = {n for t in evals for n in re.findall(r"def (\w+)\(", t)}
     names = {n for t in r4 for n in re.findall(r"def (\w+)\(", t)} | {s[0] for s in mod.EXAMPLES4}
     assert len(names) >= 8 and not names & eval_names
@@ -225,31 +241,16 @@ ROUND5 = ("synth5-heval", "synth5-func", "synth5-chat", "synth5-math")
 
 
 def test_fifth_round_is_seeded_matches_the_committed_files_and_is_far_from_eval(tmp_path, monkeypatch):
-    if not EVAL.is_dir():
-        pytest.skip(f"no eval prompt sets at {EVAL} (the round drops prompts near them)")
-    mod = _load("synth_prompts5")
-    monkeypatch.setattr("sys.argv", ["synth_prompts5.py", str(tmp_path)])
-    assert mod.main() == 0
-    committed = ROOT / "data/prompts-synth5"
-    for name in ROUND5:  # byte for byte: nothing in this round depends on the Python version
-        assert (tmp_path / f"{name}.jsonl").read_bytes() == (committed / f"{name}.jsonl").read_bytes(), name
-    sets = {name: _read(committed / f"{name}.jsonl") for name in ROUND5}
+    mod, sets = _regenerated(5, ROUND5, tmp_path, monkeypatch)
     assert len(sets["synth5-heval"]) >= 650 and len(sets["synth5-func"]) >= 430
     assert len(sets["synth5-chat"]) >= 330 and len(sets["synth5-math"]) >= 280
     r5 = [t for v in sets.values() for t in v]
     earlier = {t for d in ("prompts-synth", "prompts-synth2", "prompts-synth3", "prompts-synth4")
                for f in (ROOT / "data" / d).glob("*.jsonl") for t in _read(f)}
     assert not earlier & set(r5)
-    from collections import Counter
     import re
 
-    from dspark.worker.training.decontam import EvalGuard
-    guard = EvalGuard.from_dir(EVAL)
-    assert not [t for t in r5 if guard.near(t)][:5]
-    evals = [t for f in EVAL.glob("*.jsonl") for t in _read(f)]
-    lines = Counter(ln.strip() for e in evals for ln in set(e.split("\n")))
-    problem = {ln for ln, n in lines.items() if len(ln) >= 40 and n <= 3}
-    assert not sorted(problem & {ln.strip() for t in r5 for ln in t.split("\n")})[:5]
+    evals = _far_from_eval(r5)
     # new tasks: no eval entry point, no name of rounds 2-4's stubs, 40+ distinct stubs
     stubs = _load("synth_stubs5")
     names = {s[0] for s in stubs.STUBS5} | {s[0] for s in stubs.ASSERT5}
