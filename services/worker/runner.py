@@ -25,7 +25,7 @@ from .model.kv_cache import PagedKVCache, build_metadata
 from .model.llama import Llama, load_llama
 from .sampler import RowParams, sample
 from .spec import LeasePool
-from .verify import VerifyInput, _as_float32, verify
+from .verify import VerifyInput, verify
 
 from dspark.shared import rng
 from dspark.shared.acceptance import VerifyResult, accept
@@ -411,9 +411,8 @@ class ModelRunner:
         if s.num_speculative_tokens:
             a = s.start_position
             k = len(out.draft_tokens)
-            f32 = _as_float32  # the values the scheduler will see after the wire
             res = VerifyResult(draft_tokens=out.draft_tokens, target_tokens=out.target_tokens,
-                               q_draft=f32(out.q_draft), p_draft=f32(out.p_draft),
+                               q_draft=out.q_draft, p_draft=out.p_draft,
                                uniforms=[rng.uniform(s.seed, a + i + 1, rng.STREAM_ACCEPT)
                                          for i in range(k)],
                                residual_tokens=out.residual_tokens)
@@ -462,7 +461,8 @@ class ModelRunner:
             for j, (i, res) in enumerate(zip(spec, results)):
                 o = outputs[i]
                 o.draft_tokens, o.target_tokens = res.draft_tokens, res.target_tokens
-                o.q_draft, o.p_draft = _as_float32(res.q_draft), _as_float32(res.p_draft)
+                # float32 values already (verify): what the scheduler sees after the wire
+                o.q_draft, o.p_draft = res.q_draft, res.p_draft
                 o.residual_tokens = res.residual_tokens
                 k = seqs[i].num_speculative_tokens  # every drafted token's confidence (<= k)
                 o.confidences = drafts.confidences[j, :k].float().tolist()

@@ -14,7 +14,9 @@ request a ``dspark.shared.acceptance.VerifyResult``:
   a K = 0 request is a plain decode step;
 - ``q(d_i)`` with q = ``processed_probs`` (softmax of the sampler's filtered
   logits, one-hot at the argmax for greedy rows), and ``p(d_i)`` from the
-  draft's processed rows (1.0 for a one-hot draft);
+  draft's processed rows (1.0 for a one-hot draft), float32 values as the
+  wire carries them, so the worker's own acceptance (async anchors, the
+  walk) sees what the scheduler sees;
 - ``u_i`` = ``rng.uniform(seed, a_r + i, STREAM_ACCEPT)`` (the position of d_i);
 - the residual sample from ``normalize(max(0, q_{i-1} - p_i))`` by inverse
   CDF with ``rng.uniform(seed, a_r + i, STREAM_RESIDUAL)``, or -1 when that
@@ -215,8 +217,8 @@ def _walk(logits: torch.Tensor, walks: list[_Walk], drafts: list[_Draft], p: _Ro
                 continue
             k = w.ks[w.j]
             d = drafts[k].token
-            qd = float(q_rows[row][d]) if row in q_rows else float(d == target[row])
-            q_draft[k] = _as_float32([qd])[0]
+            # a float32 tensor's value (or 0/1): exactly what the wire carries
+            q_draft[k] = float(q_rows[row][d]) if row in q_rows else float(d == target[row])
             if uniforms[k] * p_draft[k] < q_draft[k]:  # accepted
                 w.j += 1
                 nxt.append(w)
@@ -230,8 +232,9 @@ def _walk(logits: torch.Tensor, walks: list[_Walk], drafts: list[_Draft], p: _Ro
         if reject:
             ks = [w.ks[w.j] for w in reject]
             rows = [w.off + w.j for w in reject]
-            qf = torch.stack([q_rows[r] if r in q_rows else
-                              _one_hot(target[r], vocab, dev) for r in rows])
+            cached = [r for r in rows if r in q_rows]
+            q = _Rows(torch.stack([q_rows[r] for r in cached]) if cached else None, cached)
+            qf = _dense(q, rows, [target[r] for r in rows], vocab, dev)  # greedy: one-hot
             pf = _dense(p, ks, [drafts[k].token for k in ks], vocab, dev)
             res = (qf - pf).clamp_min_(0.0)  # [len(reject), V]
             u = [uniform(drafts[k].x.params.seed, drafts[k].position, STREAM_RESIDUAL)
@@ -244,12 +247,6 @@ def _walk(logits: torch.Tensor, walks: list[_Walk], drafts: list[_Draft], p: _Ro
                     w.j += 1
                     nxt.append(w)
         active = nxt
-
-
-def _one_hot(token: int, vocab: int, device) -> torch.Tensor:
-    out = torch.zeros(vocab, device=device)
-    out[token] = 1.0
-    return out
 
 
 @dataclass
