@@ -197,7 +197,9 @@ class LeasePool:
             return (argmax_rows(logits).index_copy(0, sel, drawn.to(dev)),
                     p.index_copy(0, sel, p_drawn))
 
-        out = dr.draft_from_h(h, a, use_markov=use_markov, pick=pick, depth=depth)
+        # all greedy: the drafter's own argmax loop (one native call where built)
+        out = dr.draft_from_h(h, a, use_markov=use_markov, pick=pick if sampled else None,
+                              depth=depth)
         dists: list[torch.Tensor | None] = [None] * len(leases)
         for i in sampled:
             p = torch.stack(rows[i])  # [K, Vd]

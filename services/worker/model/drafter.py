@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .llama import rope_inv_freq
+from . import native_markov
 from .native_argmax import argmax_rows
 
 # Loss mixture of DSPARK.md section 2.4.
@@ -181,6 +182,15 @@ def pad_context(rows: list[torch.Tensor], positions: list[torch.Tensor]
     return out, pos, lengths
 
 
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float,
+             native: Callable | None = None) -> torch.Tensor:
+    """F.rms_norm over the last dim, or the native kernel's (``native``: the
+    serving linear's ``rms_norm``, one call where F.rms_norm is ~8 ops)."""
+    if native is not None:
+        return native(x.reshape(-1, x.shape[-1]), w, eps).view(x.shape)
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     # rotate-half layout as in llama.py: roll swaps halves, sin_signed = [-sin, sin]
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)
@@ -204,6 +214,9 @@ class DraftLayer(torch.nn.Module):
         self.w2 = torch.nn.Parameter(torch.randn(d, c.intermediate_size) * std)
         self._packed: dict[str, object] | None = None  # serving: packed copies
         self._packed_linear: Callable | None = None
+        # serving with the native linear: its one-call RMSNorm and SwiGLU product
+        self._rows_norm: Callable | None = None
+        self._rows_silu_mul: Callable | None = None
 
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ W.T for W in wqkv / wkv (the K/V rows of wqkv) / wo / w13 / w2."""
@@ -212,12 +225,25 @@ class DraftLayer(torch.nn.Module):
         w = self.wqkv[self.q_dim:] if name == "wkv" else getattr(self, name)
         return F.linear(x, w)
 
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, w, self.eps, self._rows_norm)
+
+    def _swiglu(self, gu: torch.Tensor) -> torch.Tensor:
+        """[gate | up] -> silu(gate) * up."""
+        if self._rows_silu_mul is not None:
+            return self._rows_silu_mul(gu.reshape(-1, gu.shape[-1])).view(*gu.shape[:-1], -1)
+        gate, up = gu.chunk(2, -1)
+        return F.silu(gate) * up
+
     @torch.no_grad()
     def pack(self, packing: tuple[Callable, Callable]) -> None:
         """Inference only: weights in a serving layout, ``packing`` = (pack, linear)
         (oneDNN: bf16 several times faster than plain bf16 F.linear on CPUs without
-        AMX, fp32 ~1.3x; or the native fp32 kernel). Training never calls this."""
+        AMX, fp32 ~1.3x; or the native kernels, whose RMSNorm and SwiGLU product
+        the layer then uses too). Training never calls this."""
         pack_fn, self._packed_linear = packing
+        self._rows_norm = getattr(self._packed_linear, "rms_norm", None)
+        self._rows_silu_mul = getattr(self._packed_linear, "silu_mul", None)
         self._packed = {n: pack_fn((self.wqkv[self.q_dim:] if n == "wkv"
                                     else getattr(self, n)).contiguous())
                         for n in ("wqkv", "wkv", "wo", "w13", "w2")}
@@ -243,7 +269,7 @@ class DraftLayer(torch.nn.Module):
         """x: [B, K, d]; kc, vc: [B, C, KV, hd] context K/V; mask: [B, 1, 1, C+K]."""
         b, k, d = x.shape
         h, kvh, hd, qd = self.h, self.kvh, self.hd, self.q_dim
-        qkv = self._lin(F.rms_norm(x, (d,), self.ln1, self.eps), "wqkv")  # [B, K, (H+2KV)hd]
+        qkv = self._lin(self._norm(x, self.ln1), "wqkv")  # [B, K, (H+2KV)hd]
         q = _apply_rope(qkv[..., :qd].view(b, k, h, hd), *rope_blk)
         kb = _apply_rope(qkv[..., qd:qd + kvh * hd].view(b, k, kvh, hd), *rope_blk)
         vb = qkv[..., qd + kvh * hd:].view(b, k, kvh, hd)
@@ -252,8 +278,7 @@ class DraftLayer(torch.nn.Module):
         o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=mask,
                                            enable_gqa=h != kvh)  # [B, H, K, hd]
         x = x + self._lin(o.transpose(1, 2).reshape(b, k, qd), "wo")
-        gate, up = self._lin(F.rms_norm(x, (d,), self.ln2, self.eps), "w13").chunk(2, -1)
-        return x + self._lin(F.silu(gate) * up, "w2")  # SwiGLU
+        return x + self._lin(self._swiglu(self._lin(self._norm(x, self.ln2), "w13")), "w2")
 
     def forward_shared(self, x: torch.Tensor, ctx: torch.Tensor, rope_blk, rope_ctx,
                        valid: torch.Tensor) -> torch.Tensor:
@@ -327,6 +352,7 @@ class DSparkDrafter(torch.nn.Module):
         self._lm_head: torch.Tensor | None = None
         self._linear: Callable = F.linear
         self._target_packing: tuple[Callable, Callable] | None = None  # bind_llama
+        self._rows_norm: Callable | None = None  # serving: the native RMSNorm, if packed so
 
     # ---- draft vocabulary --------------------------------------------------------------
     @property
@@ -405,6 +431,7 @@ class DSparkDrafter(torch.nn.Module):
                 return False
             packing = (pack_weight, packed_linear)
         pack_fn, self._packed_linear = packing
+        self._rows_norm = getattr(self._packed_linear, "rms_norm", None)
         for layer in self.layers:
             layer.pack(packing)
         self._packed_fc = pack_fn(self.fc.contiguous())
@@ -491,8 +518,8 @@ class DSparkDrafter(torch.nn.Module):
         """Per draft layer, the K/V of context rows: taps [n, m*d] at positions [n] ->
         [(kc, vc) [n, KV, hd]] (what a lease's ring caches, once per committed row)."""
         c = self.config
-        ctx = F.rms_norm(self._plin(taps.to(self.dtype), self.fc, "_packed_fc"),
-                         (c.hidden_size,), self.ctx_norm, c.rms_norm_eps)
+        ctx = rms_norm(self._plin(taps.to(self.dtype), self.fc, "_packed_fc"), self.ctx_norm,
+                       c.rms_norm_eps, self._rows_norm)
         rope = self._rope(positions)
         return [layer.ctx_kv(ctx, rope) for layer in self.layers]
 
@@ -512,7 +539,7 @@ class DSparkDrafter(torch.nn.Module):
         rope_blk = self._rope(ap + torch.arange(k, device=anchors.device))
         for layer, (kc, vc) in zip(self.layers, ctx_kv):
             x = layer.attend(x, kc, vc, rope_blk, mask)
-        return F.rms_norm(x, (d,), self.norm, c.rms_norm_eps)
+        return rms_norm(x, self.norm, c.rms_norm_eps, self._rows_norm)
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [B, K, d] -> U [B, K, Vd] float32 through the target's LM head (draft rows)."""
@@ -588,6 +615,15 @@ class DSparkDrafter(torch.nn.Module):
         # serving (packed): the loop carries draft slots, W1 read by slot, and maps
         # them to target ids once at the end (the same rows, one op less a step)
         w1_slot = getattr(self, "_w1_slot", None) if w1 is not None else None
+        if pick is None and temperature <= 0 and not return_dists and use_markov \
+                and w1 is not None:
+            # greedy on a natively packed W2: the whole loop in one call, same drafts
+            by_slot = w1_slot if self.draft_vocab is not None else w1
+            pw2 = getattr(self, "_packed_w2", None)
+            if native_markov.usable(by_slot, pw2):
+                slots, rows = native_markov.greedy_loop(
+                    base, F.embedding(anchors, w1), by_slot, pw2)
+                return self._drafted(h, slots, rows, None, None)
         prev, toks, probs, dists, rows = anchors, [], [], [], []
         for k in range(k_max):
             logits = base[:, k]
@@ -613,18 +649,27 @@ class DSparkDrafter(torch.nn.Module):
             if return_dists:
                 dists.append(self._full_dist(p, slot))
             prev = slot if w1_slot is not None else self.to_target_ids(slot)
-        feats = torch.cat([h, torch.stack(rows, 1)], -1) if rows else h  # [B, K, d (+r)]
-        z = F.linear(feats, self.conf_w, self.conf_b).squeeze(-1).float()  # [B, K]
-        temps = c.confidence_temperatures
-        if temps:
-            z = z / torch.tensor(temps[:k_max], dtype=z.dtype, device=z.device)
-        ones = None  # greedy: p_k is the one-hot of the argmax, p_k(d_k) = 1
-        if any(pk is None for pk in probs):
+        q = None
+        if any(pk is not None for pk in probs):
             ones = torch.ones(b, dtype=torch.float32, device=h.device)
-        q = torch.stack([ones if pk is None else pk for pk in probs], 1)
-        return DraftOutput(self.to_target_ids(torch.stack(toks, 1)), q,
-                           torch.stack(dists, 1) if return_dists else None,
-                           torch.sigmoid(z))
+            q = torch.stack([ones if pk is None else pk for pk in probs], 1)
+        return self._drafted(h, torch.stack(toks, 1), torch.stack(rows, 1) if rows else None,
+                             q, torch.stack(dists, 1) if return_dists else None)
+
+    def _drafted(self, h: torch.Tensor, slots: torch.Tensor, w1_rows: torch.Tensor | None,
+                 q: torch.Tensor | None, dists: torch.Tensor | None) -> DraftOutput:
+        """The output of drafting from h [B, D, d]: draft slots [B, D], the W1 rows
+        of each position's previous token [B, D, r] (None without a Markov head),
+        p_k(d_k) [B, D] (None: all greedy, one-hot, p = 1) and the confidences
+        (DSPARK.md 4.1, z_k = w . [h_k ; W1[x_{k-1}]] + b, calibrated)."""
+        feats = torch.cat([h, w1_rows], -1) if w1_rows is not None else h  # [B, D, d (+r)]
+        z = F.linear(feats, self.conf_w, self.conf_b).squeeze(-1).float()  # [B, D]
+        temps = self.config.confidence_temperatures
+        if temps:
+            z = z / torch.tensor(temps[:slots.shape[1]], dtype=z.dtype, device=z.device)
+        if q is None:  # greedy: p_k is the one-hot of the argmax, p_k(d_k) = 1
+            q = torch.ones(slots.shape, dtype=torch.float32, device=h.device)
+        return DraftOutput(self.to_target_ids(slots), q, dists, torch.sigmoid(z))
 
     def _full_dist(self, p: torch.Tensor | None, slot: torch.Tensor) -> torch.Tensor:
         """A draft-vocab distribution (None = one-hot of slot) over the target vocab."""

@@ -13,7 +13,9 @@ for another CPU:
   per sequence);
 - ``native/linear_rows.cpp`` is the fp32 linear layer for the row counts of
   decode and verify steps, and ``native/row_ops.cpp`` their RMSNorm and SwiGLU
-  product (``native_linear``).
+  product (``native_linear``);
+- ``native/markov.cpp`` is the drafter's greedy Markov loop, all draft
+  positions in one call (``native_markov``).
 
 ``make setup`` builds it (``python -m dspark.worker.model.native_attention``);
 a worker with ``--attention auto`` (``--linear auto``) uses a kernel when it is
@@ -34,7 +36,7 @@ import torch
 
 _DIR = Path(__file__).resolve().parent / "native"
 SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "linear_rows.cpp",
-                                    "linear_bf16.cpp", "row_ops.cpp"))
+                                    "linear_bf16.cpp", "row_ops.cpp", "markov.cpp"))
 HEADERS = (_DIR / "vec_exp.h", _DIR / "linear_units.h")  # included: part of the build key
 NAME = "dspark_native"
 BACKENDS = ("auto", "native", "torch")

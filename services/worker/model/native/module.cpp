@@ -15,6 +15,9 @@ torch::Tensor argmax_rows(torch::Tensor x);
 bool has_linear_bf16();
 torch::Tensor pack_bf16_weight(torch::Tensor w);
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N);
+bool has_markov_bf16();
+std::vector<torch::Tensor> markov_greedy(torch::Tensor base, torch::Tensor e0, torch::Tensor w1,
+                                         torch::Tensor wp, int64_t n);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_short_attention", &paged_short_attention,
@@ -30,4 +33,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row of x [T, d], fp32");
   m.def("silu_mul_rows", &silu_mul_rows, "[gate | up] [T, 2I] -> silu(gate) * up, fp32");
   m.def("argmax_rows", &argmax_rows, "x [M, N] fp32 or bf16 -> int64 [M], as x.argmax(-1)");
+  m.def("has_markov_bf16", &has_markov_bf16,
+        "whether this build has the AVX512-BF16 Markov loop (markov_greedy in bf16)");
+  m.def("markov_greedy", &markov_greedy,
+        "the drafter's greedy Markov loop: (base [B, D, N], e0 [B, R], W1 by slot, packed W2, N)"
+        " -> (slots [B, D], W1 rows [B, D, R])");
 }
