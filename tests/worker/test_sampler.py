@@ -5,7 +5,20 @@ import pytest
 import torch
 
 from dspark.shared.rng import mix_seed
+from dspark.worker import sampler as sampler_mod
+from dspark.worker.model import native_attention
 from dspark.worker.sampler import RowParams, _filtered_by_sort, _filtered_logits, sample
+
+
+@pytest.fixture(params=["native", "python"])
+def filter_path(request, monkeypatch):
+    """Top-k / top-p through the native kernel (native/top_kp.cpp) and through
+    ``_kept`` (no kernel built)."""
+    if request.param == "python":
+        monkeypatch.setattr(sampler_mod.native_attention, "load", lambda build=False: None)
+    elif native_attention.load(build=True) is None:
+        pytest.skip(f"native kernels unavailable: {native_attention.unavailable_reason()}")
+    return request.param
 
 
 def _logits(n=4, v=50, seed=0):
@@ -19,7 +32,7 @@ def test_greedy_is_argmax_and_logprob_is_unmodified():
     torch.testing.assert_close(lp, torch.log_softmax(lg, -1).gather(1, tok[:, None])[:, 0])
 
 
-def test_top_k_one_and_tiny_top_p_are_greedy():
+def test_top_k_one_and_tiny_top_p_are_greedy(filter_path):
     lg = _logits(seed=1)
     for p in (RowParams(temperature=2.0, top_k=1, seed=3),
               RowParams(temperature=2.0, top_p=1e-6, seed=3)):
@@ -61,7 +74,7 @@ def test_empirical_distribution_matches_softmax():
 
 
 @pytest.mark.parametrize("top_k, top_p", [(3, 1.0), (0, 0.6), (4, 0.8)])
-def test_top_k_top_p_never_emit_excluded(top_k, top_p):
+def test_top_k_top_p_never_emit_excluded(top_k, top_p, filter_path):
     lg = _logits(1, 30, seed=5)
     probs = torch.softmax(lg[0] / 1.3, -1)
     order = probs.argsort(descending=True)
@@ -85,7 +98,7 @@ def test_top_k_top_p_never_emit_excluded(top_k, top_p):
     assert len(seen) == len(allowed)  # and all allowed ones do occur
 
 
-def test_row_without_top_p_keeps_its_tail_next_to_a_top_p_row():
+def test_row_without_top_p_keeps_its_tail_next_to_a_top_p_row(filter_path):
     # A steep 49152-token row: its float32 running sum reaches 1.0 before the
     # tail. Batched with a top-p row it must still be filtered as if alone.
     from dspark.worker.sampler import _filtered_logits
@@ -107,7 +120,7 @@ def _sorted_reference(logits, params):
 
 
 @pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])
-def test_top_k_top_p_without_a_full_sort_keep_what_the_sort_keeps(scale):
+def test_top_k_top_p_without_a_full_sort_keep_what_the_sort_keeps(scale, filter_path):
     """Flat rows (scale 0.3: the candidate span must grow to hold the top-p
     mass), peaked rows (12: a handful of candidates), ties, large vocabularies,
     top-k alone, top-p alone and both: the same tokens as sorting the row, but
@@ -138,3 +151,30 @@ def test_top_k_top_p_without_a_full_sort_keep_what_the_sort_keeps(scale):
                                           -1)
                     assert float(probs[a ^ b].sum()) < 1e-4, (vocab, i)
                 assert torch.equal(got[i][a & b], want[i][a & b])
+
+
+def test_native_filter_equals_kept_and_leaves_rows_without_a_distribution():
+    """The native filter keeps exactly _kept's tokens on ordinary rows (draft and
+    target vocabularies, top-k, top-p, both, top-k past the vocabulary), copies
+    rows without a filter, and leaves a NaN row and an all -inf row as they are."""
+    if native_attention.load(build=True) is None:
+        pytest.skip(f"native kernels unavailable: {native_attention.unavailable_reason()}")
+    g = torch.Generator().manual_seed(7)
+    for vocab in (16384, 49152):
+        lg = torch.randn(7, vocab, generator=g) * 2.5
+        params = [RowParams(0.7, 0, 0.9), RowParams(1.0, 50, 1.0), RowParams(0.8, 20, 0.7),
+                  RowParams(1.0, vocab + 5, 0.95), RowParams(1.0, 0, 1.0),
+                  RowParams(1.0, 0, 0.9), RowParams(1.0, 3, 0.9)]
+        lg[5, 11] = float("nan")
+        lg[6] = float("-inf")
+        got = _filtered_logits(lg, params)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(sampler_mod.native_attention, "load", lambda build=False: None)
+            want = _filtered_logits(lg, params)
+        for i in range(5):
+            assert torch.equal(torch.isfinite(got[i]), torch.isfinite(want[i])), (vocab, i)
+            assert torch.equal(got[i][torch.isfinite(got[i])], want[i][torch.isfinite(want[i])])
+        temp = torch.tensor([p.temperature for p in params])[:, None]
+        assert torch.equal(got[4], lg[4] / temp[4])  # no filter: the tempered row
+        assert bool(torch.isnan(got[5, 11])) and torch.equal(got[5, :11], lg[5, :11])
+        assert bool(torch.isneginf(got[6]).all())

@@ -15,7 +15,9 @@ for another CPU:
   decode and verify steps, and ``native/row_ops.cpp`` their RMSNorm and SwiGLU
   product (``native_linear``);
 - ``native/markov.cpp`` is the drafter's greedy Markov loop, all draft
-  positions in one call (``native_markov``).
+  positions in one call (``native_markov``);
+- ``native/top_kp.cpp`` is the sampler's top-k / top-p filter, a batch of
+  rows in one call (``sampler``).
 
 ``make setup`` builds it (``python -m dspark.worker.model.native_attention``);
 a worker with ``--attention auto`` (``--linear auto``) uses a kernel when it is
@@ -36,7 +38,7 @@ import torch
 
 _DIR = Path(__file__).resolve().parent / "native"
 SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "linear_rows.cpp",
-                                    "linear_bf16.cpp", "row_ops.cpp", "markov.cpp"))
+                                    "linear_bf16.cpp", "row_ops.cpp", "markov.cpp", "top_kp.cpp"))
 HEADERS = (_DIR / "vec_exp.h", _DIR / "linear_units.h")  # included: part of the build key
 NAME = "dspark_native"
 BACKENDS = ("auto", "native", "torch")

@@ -16,6 +16,7 @@ bool has_linear_bf16();
 torch::Tensor pack_bf16_weight(torch::Tensor w);
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N);
 bool has_markov_bf16();
+torch::Tensor top_kp_filter(torch::Tensor x, torch::Tensor top_k, torch::Tensor top_p);
 std::vector<torch::Tensor> markov_greedy(torch::Tensor base, torch::Tensor e0, torch::Tensor w1,
                                          torch::Tensor wp, int64_t n);
 
@@ -38,4 +39,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("markov_greedy", &markov_greedy,
         "the drafter's greedy Markov loop: (base [B, D, N], e0 [B, R], W1 by slot, packed W2, N)"
         " -> (slots [B, D], W1 rows [B, D, R])");
+  m.def("top_kp_filter", &top_kp_filter,
+        "the sampler's top-k / top-p filter of tempered logits [N, V] (others set to -inf)");
 }

@@ -52,17 +52,6 @@ inline void st1(at::BFloat16* p, float v) { *p = static_cast<at::BFloat16>(v); }
 
 constexpr int64_t kGrain = 16;  // rows per parallel task
 
-// exp(x) for x clamped to [-87, 88], 8 at a time (vec_exp.h), times 2^k built
-// in the exponent bits.
-inline f8v exp8(f8v x) {
-  x = x < -87.f ? f8v{} - 87.f : x;
-  x = x > 88.f ? f8v{} + 88.f : x;
-  f8v k;
-  const f8v p = exp_mantissa(x, k);
-  const i8v e = (__builtin_convertvector(k, i8v) + 127) << 23;
-  return p * (f8v)e;
-}
-
 }  // namespace
 
 namespace {

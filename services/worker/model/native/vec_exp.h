@@ -4,6 +4,8 @@
 // of floats.
 #pragma once
 
+#include <cstdint>
+
 template <typename V>
 inline V exp_mantissa(V x, V& k) {
   const V magic = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -16,4 +18,18 @@ inline V exp_mantissa(V x, V& k) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   return p * r * r + r + 1.0f;
+}
+
+typedef float dspark_f8v __attribute__((vector_size(32)));
+typedef int32_t dspark_i8v __attribute__((vector_size(32)));
+
+// exp(x) for x clamped to [-87, 88], 8 at a time, times 2^k built in the
+// exponent bits.
+inline dspark_f8v exp8(dspark_f8v x) {
+  x = x < -87.f ? dspark_f8v{} - 87.f : x;
+  x = x > 88.f ? dspark_f8v{} + 88.f : x;
+  dspark_f8v k;
+  const dspark_f8v p = exp_mantissa(x, k);
+  const dspark_i8v e = (__builtin_convertvector(k, dspark_i8v) + 127) << 23;
+  return p * (dspark_f8v)e;
 }
