@@ -33,7 +33,7 @@ import torch
 from .model.drafter import DSparkDrafter
 from .model.native_argmax import argmax_rows
 from .sampler import RowParams
-from .verify import processed_probs, sample_draft
+from .verify import sample_draft_rows
 
 
 @dataclass
@@ -186,11 +186,11 @@ class LeasePool:
             """(draft slots [B], p(draft) [B] float32 or None when all are greedy)."""
             if not sampled:
                 return argmax_rows(logits), None
-            probs = processed_probs(logits if every else logits.index_select(0, sel), sub)
-            drawn = sample_draft(probs, sub, [anchor_pos[i] + k + 1 for i in sampled])
+            probs, drawn, p_drawn = sample_draft_rows(
+                logits if every else logits.index_select(0, sel), sub,
+                [anchor_pos[i] + k + 1 for i in sampled])
             for j, i in enumerate(sampled):
                 rows[i].append(probs[j])
-            p_drawn = probs.gather(1, drawn.unsqueeze(1)).squeeze(1)
             if every:
                 return drawn, p_drawn
             p = torch.ones(len(params), dtype=torch.float32, device=dev)  # greedy: one-hot

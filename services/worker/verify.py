@@ -33,7 +33,8 @@ window of 8 rows thus filters ~1 + accepted rows instead of 8.
 
 ``processed_probs`` and ``sample_draft`` (stream ``STREAM_DRAFT``, inverse
 CDF) are what the drafter's left-to-right Markov loop uses to draft at the
-request's temperature, so p and q are processed the same way.
+request's temperature (``sample_draft_rows``: in one native call on the CPU
+where the kernels are built), so p and q are filtered the same way.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ import torch
 from dspark.shared.acceptance import RESIDUAL_NONE, RESIDUAL_SKIPPED, VerifyResult
 from dspark.shared.rng import STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, uniform
 
+from .model import native_attention
 from .model.native_argmax import argmax_rows
 from .sampler import RowParams, _filtered_logits, draw, inverse_cdf
 
@@ -105,6 +107,36 @@ def sample_draft(probs: torch.Tensor, params: Sequence[RowParams],
         u = [uniform(params[i].seed, positions[i], STREAM_DRAFT) for i in rand]
         tokens.index_copy_(0, r, inverse_cdf(probs.index_select(0, r).float(), u))
     return tokens
+
+
+def sample_draft_rows(logits: torch.Tensor, params: Sequence[RowParams],
+                      positions: Sequence[int]
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampled draft rows (every row sampled): logits [N, V] -> (the distribution
+    each row draws from [N, V] float32, the drafts [N] long, p(draft) [N] float32).
+
+    ``processed_probs`` then ``sample_draft`` (stream ``STREAM_DRAFT``), or on
+    the CPU where the native kernels are built one call for the batch
+    (``native/top_kp.cpp`` ``sample_rows``: the same filter, a softmax over the
+    kept tokens and the inverse CDF at the same uniform; ~20 torch ops a
+    drafted position otherwise). Either way the draft is drawn from exactly
+    the distribution returned, which is all acceptance needs of it."""
+    ext = native_attention.load(build=False) if logits.device.type == "cpu" else None
+    if ext is not None and hasattr(ext, "sample_rows"):
+        vocab = logits.shape[1]
+        f64 = torch.float64
+        out = ext.sample_rows(
+            logits.float().contiguous(),
+            torch.tensor([p.temperature for p in params], dtype=f64),
+            torch.tensor([p.top_k if 0 < p.top_k < vocab else 0 for p in params],
+                         dtype=torch.long),
+            torch.tensor([p.top_p for p in params], dtype=f64),
+            torch.tensor([uniform(p.seed, pos, STREAM_DRAFT) for p, pos in zip(params, positions)],
+                         dtype=f64))
+        return out[0], out[1], out[2]
+    probs = processed_probs(logits, params)
+    drawn = sample_draft(probs, params, positions)
+    return probs, drawn, probs.gather(1, drawn.unsqueeze(1)).squeeze(1)
 
 
 def verify(logits: torch.Tensor, inputs: Sequence[VerifyInput]) -> list[VerifyResult]:

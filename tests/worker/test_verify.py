@@ -12,7 +12,9 @@ import torch
 from dspark.shared import rng
 from dspark.shared.acceptance import RESIDUAL_SKIPPED, VerifyResult, accept
 from dspark.worker.sampler import RowParams, inverse_cdf, sample
-from dspark.worker.verify import VerifyInput, processed_probs, sample_draft, verify
+from dspark.worker.model import native_attention
+from dspark.worker.verify import (VerifyInput, processed_probs, sample_draft, sample_draft_rows,
+                                  verify)
 
 GREEDY = RowParams()
 HOT = RowParams(temperature=0.8, top_k=20, top_p=0.95, seed=11)
@@ -208,6 +210,40 @@ def test_processed_probs_and_sample_draft():
     assert _chi2_sf(stat, df) > 1e-4, (counts, probs[1] * n)
 
 
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_sample_draft_rows(path, monkeypatch):
+    """Sampled drafting's pick, in one native call or as processed_probs +
+    sample_draft: the distribution is processed_probs' (the same support, the
+    same values to float rounding), the draft is drawn from exactly it
+    (p(draft) read from it, never a token without mass, draws following it),
+    pure in (seed, position)."""
+    if path == "python":
+        monkeypatch.setattr(native_attention, "load", lambda build=False: None)
+    elif native_attention.load(build=True) is None:
+        pytest.skip(f"native kernels unavailable: {native_attention.unavailable_reason()}")
+    vocab = 300
+    logits = _randn(5, vocab, seed=9) * 2
+    params = [RowParams(0.7, 0, 0.9, 1), RowParams(1.0, 5, 1.0, 2), RowParams(1.3, 0, 1.0, 3),
+              RowParams(0.8, 20, 0.7, 4), RowParams(1.0, vocab + 10, 1.0, 5)]
+    positions = [3, 4, 5, 6, 7]
+    probs, toks, p_tok = sample_draft_rows(logits, params, positions)
+    want = processed_probs(logits, params)
+    assert probs.dtype == torch.float32 and p_tok.dtype == torch.float32
+    assert torch.equal(probs > 0, want > 0)
+    torch.testing.assert_close(probs, want, atol=1e-6, rtol=1e-5)
+    assert torch.equal(p_tok, probs[torch.arange(5), toks])
+    assert bool((p_tok > 0).all())
+    again = sample_draft_rows(logits, params, positions)
+    assert torch.equal(again[0], probs) and torch.equal(again[1], toks)
+    # draws follow the distribution (row 0: top-p 0.9 at temperature 0.7)
+    n = 3000
+    rows = [dataclasses.replace(params[0], seed=s) for s in range(n)]
+    pr, drawn, _ = sample_draft_rows(logits[:1].expand(n, vocab), rows, [9] * n)
+    counts = torch.bincount(drawn, minlength=vocab).double()
+    stat, df = _chi2(counts, pr[0].double() * n)
+    assert _chi2_sf(stat, df) > 1e-4
+
+
 def test_bad_inputs():
     logits = _randn(3, 10)
     with pytest.raises(ValueError, match="logits has 3 rows, the inputs need 2"):
@@ -233,10 +269,13 @@ def _generate(params: RowParams, n: int, sampled_drafts: bool, corrupt=None) -> 
     while live:
         x = torch.tensor([last[r] for r in live])
         drafts, probs = [], []
-        for i in range(K):  # the drafter's left-to-right Markov loop
-            pr = processed_probs(DRAFTER[x], [ps[r] for r in live])
-            x = (sample_draft(pr, [ps[r] for r in live], [pos[r] + i + 1 for r in live])
-                 if sampled_drafts else DRAFTER[x].argmax(-1))
+        for i in range(K):  # the drafter's left-to-right Markov loop (spec.py's pick)
+            if sampled_drafts:
+                pr, x, _ = sample_draft_rows(DRAFTER[x], [ps[r] for r in live],
+                                             [pos[r] + i + 1 for r in live])
+            else:
+                pr = processed_probs(DRAFTER[x], [ps[r] for r in live])
+                x = DRAFTER[x].argmax(-1)
             drafts.append(x)
             probs.append(pr)
         d = torch.stack(drafts, 1)  # [m, K]

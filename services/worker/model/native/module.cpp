@@ -17,6 +17,9 @@ torch::Tensor pack_bf16_weight(torch::Tensor w);
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N);
 bool has_markov_bf16();
 torch::Tensor top_kp_filter(torch::Tensor x, torch::Tensor top_k, torch::Tensor top_p);
+std::vector<torch::Tensor> sample_rows(torch::Tensor x, torch::Tensor temperature,
+                                       torch::Tensor top_k, torch::Tensor top_p,
+                                       torch::Tensor u);
 std::vector<torch::Tensor> markov_greedy(torch::Tensor base, torch::Tensor e0, torch::Tensor w1,
                                          torch::Tensor wp, int64_t n);
 
@@ -41,4 +44,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         " -> (slots [B, D], W1 rows [B, D, R])");
   m.def("top_kp_filter", &top_kp_filter,
         "the sampler's top-k / top-p filter of tempered logits [N, V] (others set to -inf)");
+  m.def("sample_rows", &sample_rows,
+        "sampled drafting's pick: (logits, temperature, top_k, top_p, u) -> (probs, tokens, p)");
 }

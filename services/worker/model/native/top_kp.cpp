@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "vec_exp.h"
@@ -56,13 +57,15 @@ double exp_sum(const float* x, int64_t v, float mx) {
   return total;
 }
 
-// One row: y gets x at the kept tokens and -inf elsewhere.
-void filter_row(const float* x, float* y, int64_t v, int64_t top_k, double top_p,
-                std::vector<int32_t>& cand) {
+// One row: y gets x at the kept tokens and -inf elsewhere. Returns how many
+// tokens were kept, cand[0..n) in descending order, or -1 when the row was
+// copied whole (no filter, or no distribution: a NaN or an all -inf row).
+int64_t filter_row(const float* x, float* y, int64_t v, int64_t top_k, double top_p,
+                   std::vector<int32_t>& cand) {
   if (top_k <= 0 || top_k >= v) top_k = 0;
   if (!top_k && top_p >= 1.0) {
     std::memcpy(y, x, v * sizeof(float));
-    return;
+    return -1;
   }
   const float inf = std::numeric_limits<float>::infinity();
   const int64_t v8 = v / 8 * 8;
@@ -87,7 +90,7 @@ void filter_row(const float* x, float* y, int64_t v, int64_t top_k, double top_p
   // mass: either is left as it is
   if (has_nan || mx == -inf) {
     std::memcpy(y, x, v * sizeof(float));
-    return;
+    return -1;
   }
   const bool need_mass = !top_k && top_p < 1.0;
   const double total = need_mass ? exp_sum(x, v, mx) : 0.0;
@@ -129,6 +132,77 @@ void filter_row(const float* x, float* y, int64_t v, int64_t top_k, double top_p
   }
   std::fill(y, y + v, -std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < n; ++j) y[cand[j]] = x[cand[j]];
+  return n;
+}
+
+// A sampled draft row: y = x / temp, filtered; probs = softmax(y) (written over y);
+// the token by inverse CDF at u (the first token, in id order, whose running
+// sum passes u * total; never one without mass) and its probability.
+void sample_row(const float* x, float* y, int64_t v, float temp, int64_t top_k,
+                double top_p, double u, std::vector<int32_t>& cand,
+                std::vector<float>& scaled, int64_t* tok, float* p_tok) {
+  scaled.resize(v);
+  for (int64_t i = 0; i < v; ++i) scaled[i] = x[i] / temp;
+  const int64_t n = filter_row(scaled.data(), y, v, top_k, top_p, cand);
+  if (n < 0) {  // the whole row: a softmax over every token (-inf: no mass)
+    const float inf = std::numeric_limits<float>::infinity();
+    float mx = -inf;
+    for (int64_t i = 0; i < v; ++i) mx = std::max(mx, y[i]);
+    const int64_t v8 = v / 8 * 8;
+    double total = 0.0;
+    f8v acc = {};
+    for (int64_t i = 0; i < v8; i += 8) {
+      const f8v a = ld8(y + i);
+      const f8v e = a == -inf ? f8v{} : exp8(a - mx);
+      std::memcpy(y + i, &e, sizeof(e));
+      acc += e;
+      if ((i & 1023) == 1016) {
+        for (int j = 0; j < 8; ++j) total += acc[j];
+        acc = f8v{};
+      }
+    }
+    for (int j = 0; j < 8; ++j) total += acc[j];
+    for (int64_t i = v8; i < v; ++i) {
+      y[i] = y[i] == -inf ? 0.f : std::exp(y[i] - mx);
+      total += y[i];
+    }
+    if (!(total > 0.0) || !std::isfinite(total)) {  // no distribution (NaN, all -inf)
+      std::fill(y, y + v, 0.f);
+      *tok = 0;
+      *p_tok = 0.f;
+      return;
+    }
+    const float inv = static_cast<float>(1.0 / total);
+    for (int64_t i = 0; i < v; ++i) y[i] *= inv;
+    cand.resize(v);
+    for (int64_t i = 0; i < v; ++i) cand[i] = static_cast<int32_t>(i);
+  } else {  // the kept tokens only, in id order for the CDF
+    cand.resize(n);
+    const float mx = scaled[cand[0]];
+    std::sort(cand.begin(), cand.end());
+    double total = 0.0;
+    for (int32_t i : cand) total += std::exp(static_cast<double>(scaled[i] - mx));
+    std::fill(y, y + v, 0.f);
+    for (int32_t i : cand)
+      y[i] = static_cast<float>(std::exp(static_cast<double>(scaled[i] - mx)) / total);
+  }
+  double total = 0.0;
+  for (int32_t i : cand) total += y[i];
+  const double target = u * total;
+  double run = 0.0;
+  int64_t pick = -1, last = -1;
+  for (int32_t i : cand) {
+    if (y[i] <= 0.f) continue;
+    last = i;
+    run += y[i];
+    if (run > target) {
+      pick = i;
+      break;
+    }
+  }
+  if (pick < 0) pick = last >= 0 ? last : 0;  // u * total rounded up to the total
+  *tok = pick;
+  *p_tok = y[pick];
 }
 
 }  // namespace
@@ -159,4 +233,44 @@ torch::Tensor top_kp_filter(torch::Tensor x, torch::Tensor top_k, torch::Tensor 
     for (int64_t r = lo; r < hi; ++r) filter_row(xp + r * v, yp + r * v, v, kp[r], pp[r], cand);
   });
   return y;
+}
+
+// Sampled drafting's pick for a batch of draft rows: x [N, V] float32 logits,
+// temperature [N] (> 0), top_k [N] int64 (0 or >= V: none), top_p [N] float64
+// (>= 1: none), u [N] float64 in (0, 1) -> (probs [N, V] float32: the
+// distribution each row draws from, tokens [N] int64, p(token) [N] float32).
+std::vector<torch::Tensor> sample_rows(torch::Tensor x, torch::Tensor temperature,
+                                       torch::Tensor top_k, torch::Tensor top_p,
+                                       torch::Tensor u) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "sample_rows: x [N, V] contiguous float32");
+  TORCH_CHECK(x.size(1) > 0 && x.size(1) < (int64_t{1} << 31), "sample_rows: 0 < V < 2^31");
+  const int64_t n = x.size(0), v = x.size(1);
+  for (const auto& [t, dt, name] :
+       {std::tuple{&temperature, at::kDouble, "temperature"}, std::tuple{&top_k, at::kLong, "top_k"},
+        std::tuple{&top_p, at::kDouble, "top_p"}, std::tuple{&u, at::kDouble, "u"}})
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == n && t->scalar_type() == dt && t->is_contiguous(),
+                "sample_rows: ", name, " [N] of ", c10::toString(dt));
+  auto probs = torch::empty_like(x);
+  auto tokens = torch::empty({n}, x.options().dtype(at::kLong));
+  auto p_tok = torch::empty({n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = probs.data_ptr<float>();
+  const double* tp = temperature.data_ptr<double>();
+  const int64_t* kp = top_k.data_ptr<int64_t>();
+  const double* pp = top_p.data_ptr<double>();
+  const double* up = u.data_ptr<double>();
+  int64_t* op = tokens.data_ptr<int64_t>();
+  float* qp = p_tok.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r)
+    TORCH_CHECK(tp[r] > 0.0, "sample_rows: temperature must be > 0 (row ", r, ")");
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<int32_t> cand;
+    std::vector<float> scaled;
+    cand.reserve(1024);
+    for (int64_t r = lo; r < hi; ++r)
+      sample_row(xp + r * v, yp + r * v, v, static_cast<float>(tp[r]), kp[r], pp[r], up[r],
+                 cand, scaled, op + r, qp + r);
+  });
+  return {probs, tokens, p_tok};
 }
