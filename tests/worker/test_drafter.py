@@ -326,21 +326,34 @@ def test_pruned_draft_vocabulary(target, tmp_path):
         dr.set_draft_vocab([1] * len(vocab))
 
 
+@pytest.mark.parametrize("packing", ["onednn", "native"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_packed_drafting_matches_plain(target, dtype):
-    """pack_for_inference (oneDNN-packed weights, serving only) drafts like the
-    plain module of the same dtype."""
+def test_packed_drafting_matches_plain(target, dtype, packing):
+    """pack_for_inference (serving only: oneDNN-packed weights, or the native
+    linear with its RMSNorm / SwiGLU product and the one-call Markov loop)
+    drafts like the plain module of the same dtype."""
+    from dspark.worker.model import native_attention
     from dspark.worker.model.llama import use_packed_linear
+    from dspark.worker.model.native_linear import Bf16Linear, RowsLinear
 
     dr = make_drafter(target).to(dtype)
     dr.bind_target(target.embed.to(dtype), target.lm_head.to(dtype))
-    if not use_packed_linear(dr.fc):
+    pack = None
+    if packing == "onednn" and not use_packed_linear(dr.fc):
         pytest.skip(f"no oneDNN {dtype} packed linear on this CPU")
+    if packing == "native":
+        ext = native_attention.load(build=True)
+        if ext is None:
+            pytest.skip(f"native kernels unavailable: {native_attention.unavailable_reason()}")
+        if dtype == torch.bfloat16 and not ext.has_linear_bf16():
+            pytest.skip("this CPU has no AVX512-BF16: no native bf16 linear")
+        lin = Bf16Linear(ext) if dtype == torch.bfloat16 else RowsLinear(ext)
+        pack = (lin.pack, lin)
     args = batch(target)
     ctx = args[0].to(dtype)
     plain = dr.draft(ctx, *args[1:])
     h_plain = dr.backbone(ctx, *args[1:])
-    assert dr.pack_for_inference()
+    assert dr.pack_for_inference(pack)
     packed = dr.draft(ctx, *args[1:])
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(dr.backbone(ctx, *args[1:]), h_plain, atol=tol, rtol=tol)
