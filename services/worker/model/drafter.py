@@ -27,8 +27,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .llama import rope_inv_freq
 from . import native_markov
+from .llama import rope_inv_freq
 from .native_argmax import argmax_rows
 
 # Loss mixture of DSPARK.md section 2.4.
