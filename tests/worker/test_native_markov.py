@@ -100,6 +100,10 @@ def test_kernel_rejects_mismatched_inputs():
         EXT.markov_greedy(base, e0.to(torch.bfloat16), w1, pw2.wp, pw2.n)
     # a W2 packed by anything but the native linear (oneDNN, plain) is not usable
     assert not native_markov.usable(w1, w2)
+    # nor one whose shape is not W1's (an odd rank, padded to pairs for bf16)
+    if EXT.has_linear_bf16():
+        w1o = torch.randn(64, 7).to(torch.bfloat16)
+        assert not native_markov.usable(w1o, Bf16Linear(EXT).pack(torch.randn(64, 7)))
     assert not native_markov.usable(None, pw2)
     assert not native_markov.usable(w1.to(torch.bfloat16), pw2)
 

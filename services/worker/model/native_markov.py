@@ -39,6 +39,8 @@ def usable(w1_slot: torch.Tensor | None, packed_w2) -> bool:
         return False
     if w1_slot.device.type != "cpu" or packed_w2.wp.dtype != w1_slot.dtype:
         return False
+    if tuple(packed_w2.shape) != tuple(w1_slot.shape):  # e.g. an odd rank padded for bf16
+        return False
     ext = _ext()
     if ext is None:
         return False
