@@ -17,7 +17,11 @@ costs a few passes over its logits. ``_kept`` is ~10 ops a row (0.2-0.5 ms);
 where the native kernels are built, ``native/top_kp.cpp`` runs the same
 method for all rows in one call (its masses summed in double: at a top-p
 boundary deep in a long tail a token of negligible mass may fall the other
-way than in ``_kept``'s float32 sums).
+way than in ``_kept``'s float32 sums), and ``sampled_tokens`` draws every
+sampled row in one call (``native_sample``: the filter, a softmax over the
+kept tokens and the CDF over them alone, where ``draw`` takes a cumsum of
+the whole vocabulary). Verification draws a bonus row through
+``sampled_tokens`` too, so either way a K = 0 request is a plain decode step.
 """
 from __future__ import annotations
 
@@ -58,16 +62,55 @@ def sample(logits: torch.Tensor, params: list[RowParams]) -> tuple[torch.Tensor,
     rand = [i for i, p in enumerate(params) if not p.greedy]
     if rand:
         idx = torch.tensor(rand, dtype=torch.long, device=logits.device)
-        sub = [params[i] for i in rand]
-        probs = torch.softmax(_filtered_logits(logits.index_select(0, idx), sub), dim=-1)
-        tokens.index_copy_(0, idx, draw(probs, sub))
+        tokens.index_copy_(0, idx, sampled_tokens(logits.index_select(0, idx),
+                                                  [params[i] for i in rand]))
     logprobs = logprobs_all.gather(1, tokens[:, None])[:, 0]
     return tokens, logprobs
 
 
+def sampled_tokens(logits: torch.Tensor, params: Sequence[RowParams]) -> torch.Tensor:
+    """The sampler's token for each row of logits [N, V] (every row sampled) at
+    params[i].position: the inverse CDF of its filtered distribution at the
+    row's ``STREAM_SAMPLE`` uniform. What ``sample`` draws, and what
+    verification draws on a bonus row (so a K = 0 request is a plain decode
+    step): one native call for the batch where the kernels are built
+    (``native_sample``), else ``draw`` over the softmax of ``_filtered_logits``."""
+    out = native_sample(logits, params, STREAM_SAMPLE, [p.position for p in params])
+    if out is not None:
+        return out[1]
+    return draw(torch.softmax(_filtered_logits(logits.float(), list(params)), dim=-1), params)
+
+
+def native_sample(logits: torch.Tensor, params: Sequence[RowParams], stream: int,
+                  positions: Sequence[int]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Sampled rows in one native call (``native/top_kp.cpp`` ``sample_rows``):
+    logits [N, V] -> (the filtered distribution each row draws from [N, V]
+    float32, the token [N] long, its probability [N] float32), each drawn by
+    inverse CDF at ``uniform(seed, positions[i], stream)``; None where the
+    kernels are not built or the logits are not on the CPU. ``_kept``'s filter,
+    a softmax over the kept tokens and a CDF over them alone: the sort-free
+    path's ~20 torch ops a row (a 49k cumsum among them) in one pass or two."""
+    if logits.device.type != "cpu":
+        return None
+    ext = native_attention.load(build=False)
+    if ext is None or not hasattr(ext, "sample_rows"):
+        return None
+    vocab, f64 = logits.shape[1], torch.float64
+    out = ext.sample_rows(
+        logits.float().contiguous(),
+        torch.tensor([p.temperature for p in params], dtype=f64),
+        torch.tensor([p.top_k if 0 < p.top_k < vocab else 0 for p in params], dtype=torch.long),
+        torch.tensor([p.top_p for p in params], dtype=f64),
+        torch.tensor([uniform(p.seed, pos, stream) for p, pos in zip(params, positions)],
+                     dtype=f64))
+    return out[0], out[1], out[2]
+
+
 def draw(probs: torch.Tensor, params: Sequence[RowParams]) -> torch.Tensor:
-    """The sampler's token for each row of probs [N, V] (the filtered
-    distributions) at params[i].position: inverse CDF at the row's uniform."""
+    """The inverse CDF of each row of probs [N, V] (filtered distributions) at
+    the row's ``STREAM_SAMPLE`` uniform (params[i].position): ``sampled_tokens``
+    without the native kernels."""
     return inverse_cdf(probs, [uniform(p.seed, p.position, STREAM_SAMPLE) for p in params])
 
 

@@ -9,7 +9,8 @@ request a ``dspark.shared.acceptance.VerifyResult``:
 - ``t_i``: the target's own token at position a_r + i + 1: the argmax for
   greedy rows; for a sampled request, on the bonus row (when acceptance
   reaches it) exactly what ``sampler.sample`` returns for (seed, a_r + i + 1)
-  on that row (the inverse CDF of q at the sampler's own uniform, stream
+  on that row (``sampler.sampled_tokens``: the inverse CDF of the row's
+  filtered distribution at the sampler's own uniform, stream
   ``STREAM_SAMPLE``), so plain and speculative decoding share one stream and
   a K = 0 request is a plain decode step;
 - ``q(d_i)`` with q = ``processed_probs`` (softmax of the sampler's filtered
@@ -47,9 +48,8 @@ import torch
 from dspark.shared.acceptance import RESIDUAL_NONE, RESIDUAL_SKIPPED, VerifyResult
 from dspark.shared.rng import STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, uniform
 
-from .model import native_attention
 from .model.native_argmax import argmax_rows
-from .sampler import RowParams, _filtered_logits, draw, inverse_cdf
+from .sampler import RowParams, _filtered_logits, inverse_cdf, native_sample, sampled_tokens
 
 
 @dataclass
@@ -121,19 +121,9 @@ def sample_draft_rows(logits: torch.Tensor, params: Sequence[RowParams],
     kept tokens and the inverse CDF at the same uniform; ~20 torch ops a
     drafted position otherwise). Either way the draft is drawn from exactly
     the distribution returned, which is all acceptance needs of it."""
-    ext = native_attention.load(build=False) if logits.device.type == "cpu" else None
-    if ext is not None and hasattr(ext, "sample_rows"):
-        vocab = logits.shape[1]
-        f64 = torch.float64
-        out = ext.sample_rows(
-            logits.float().contiguous(),
-            torch.tensor([p.temperature for p in params], dtype=f64),
-            torch.tensor([p.top_k if 0 < p.top_k < vocab else 0 for p in params],
-                         dtype=torch.long),
-            torch.tensor([p.top_p for p in params], dtype=f64),
-            torch.tensor([uniform(p.seed, pos, STREAM_DRAFT) for p, pos in zip(params, positions)],
-                         dtype=f64))
-        return out[0], out[1], out[2]
+    out = native_sample(logits, params, STREAM_DRAFT, positions)
+    if out is not None:
+        return out
     probs = processed_probs(logits, params)
     drawn = sample_draft(probs, params, positions)
     return probs, drawn, probs.gather(1, drawn.unsqueeze(1)).squeeze(1)
@@ -256,9 +246,9 @@ def _walk(logits: torch.Tensor, walks: list[_Walk], drafts: list[_Draft], p: _Ro
                 nxt.append(w)
             else:
                 reject.append(w)
-        if bonus:  # t_K: the sampler's draw on that row
-            t = draw(torch.stack([q_rows[r] for _, r in bonus]),
-                     [w.row_params(w.j) for w, _ in bonus]).tolist()
+        if bonus:  # t_K: the sampler's draw on that row (as sample draws it)
+            t = sampled_tokens(logits.index_select(0, _index([r for _, r in bonus], dev)),
+                               [w.row_params(w.j) for w, _ in bonus]).tolist()
             for (_, r), tok in zip(bonus, t):
                 target[r] = tok
         if reject:

@@ -12,8 +12,9 @@ from dspark.worker.sampler import RowParams, _filtered_by_sort, _filtered_logits
 
 @pytest.fixture(params=["native", "python"])
 def filter_path(request, monkeypatch):
-    """Top-k / top-p through the native kernel (native/top_kp.cpp) and through
-    ``_kept`` (no kernel built)."""
+    """Top-k / top-p and the draw through the native kernels (native/top_kp.cpp
+    ``top_kp_filter``, ``sample_rows``) and through ``_kept`` + ``draw`` (no
+    kernel built)."""
     if request.param == "python":
         monkeypatch.setattr(sampler_mod.native_attention, "load", lambda build=False: None)
     elif native_attention.load(build=True) is None:
@@ -41,13 +42,13 @@ def test_top_k_one_and_tiny_top_p_are_greedy(filter_path):
             assert tok.tolist() == lg.argmax(-1).tolist()
 
 
-def test_logprob_under_unmodified_distribution_when_sampling():
+def test_logprob_under_unmodified_distribution_when_sampling(filter_path):
     lg = _logits(seed=2)
     tok, lp = sample(lg, [RowParams(temperature=0.5, top_k=5, seed=1, position=7)] * 4)
     torch.testing.assert_close(lp, torch.log_softmax(lg, -1).gather(1, tok[:, None])[:, 0])
 
 
-def test_seed_determinism_and_position_dependence():
+def test_seed_determinism_and_position_dependence(filter_path):
     lg = _logits(1, 1000, seed=3).expand(1, 1000)
     draw = lambda seed, pos: sample(lg, [RowParams(1.0, 0, 1.0, seed, pos)])[0].item()  # noqa
     assert [draw(5, p) for p in range(10)] == [draw(5, p) for p in range(10)]
@@ -61,7 +62,7 @@ def test_seed_determinism_and_position_dependence():
     assert mix_seed(1, 2) != mix_seed(2, 1)
 
 
-def test_empirical_distribution_matches_softmax():
+def test_empirical_distribution_matches_softmax(filter_path):
     v, t, n = 6, 0.8, 6000
     lg = torch.tensor([[1.0, 0.5, 0.0, -0.5, 2.0, 0.2]])
     counts = torch.zeros(v)

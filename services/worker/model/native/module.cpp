@@ -45,5 +45,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("top_kp_filter", &top_kp_filter,
         "the sampler's top-k / top-p filter of tempered logits [N, V] (others set to -inf)");
   m.def("sample_rows", &sample_rows,
-        "sampled drafting's pick: (logits, temperature, top_k, top_p, u) -> (probs, tokens, p)");
+        "sampled rows: (logits, temperature, top_k, top_p, u) -> (probs, tokens, p(token))");
 }

@@ -57,14 +57,15 @@ double exp_sum(const float* x, int64_t v, float mx) {
   return total;
 }
 
-// One row: y gets x at the kept tokens and -inf elsewhere. Returns how many
-// tokens were kept, cand[0..n) in descending order, or -1 when the row was
-// copied whole (no filter, or no distribution: a NaN or an all -inf row).
+// One row: y gets x at the kept tokens and -inf elsewhere (y null: not written).
+// Returns how many tokens were kept, cand[0..n) in descending order, or -1 when
+// the row is kept whole (no filter, or no distribution: a NaN or an all -inf
+// row; y is then a copy of x).
 int64_t filter_row(const float* x, float* y, int64_t v, int64_t top_k, double top_p,
                    std::vector<int32_t>& cand) {
   if (top_k <= 0 || top_k >= v) top_k = 0;
   if (!top_k && top_p >= 1.0) {
-    std::memcpy(y, x, v * sizeof(float));
+    if (y) std::memcpy(y, x, v * sizeof(float));
     return -1;
   }
   const float inf = std::numeric_limits<float>::infinity();
@@ -89,7 +90,7 @@ int64_t filter_row(const float* x, float* y, int64_t v, int64_t top_k, double to
   // a NaN row has no distribution to filter, and in a row of -inf nothing has
   // mass: either is left as it is
   if (has_nan || mx == -inf) {
-    std::memcpy(y, x, v * sizeof(float));
+    if (y) std::memcpy(y, x, v * sizeof(float));
     return -1;
   }
   const bool need_mass = !top_k && top_p < 1.0;
@@ -130,29 +131,32 @@ int64_t filter_row(const float* x, float* y, int64_t v, int64_t top_k, double to
     }
     n = std::max<int64_t>(1, kept);
   }
-  std::fill(y, y + v, -std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < n; ++j) y[cand[j]] = x[cand[j]];
+  if (y) {
+    std::fill(y, y + v, -std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n; ++j) y[cand[j]] = x[cand[j]];
+  }
   return n;
 }
 
-// A sampled draft row: y = x / temp, filtered; probs = softmax(y) (written over y);
-// the token by inverse CDF at u (the first token, in id order, whose running
+// A sampled row (plain sampling, a bonus row, a draft position): x / temp,
+// filtered; y = its softmax over the kept tokens; the token by inverse CDF at u (the first token, in id order, whose running
 // sum passes u * total; never one without mass) and its probability.
 void sample_row(const float* x, float* y, int64_t v, float temp, int64_t top_k,
                 double top_p, double u, std::vector<int32_t>& cand,
                 std::vector<float>& scaled, int64_t* tok, float* p_tok) {
   scaled.resize(v);
   for (int64_t i = 0; i < v; ++i) scaled[i] = x[i] / temp;
-  const int64_t n = filter_row(scaled.data(), y, v, top_k, top_p, cand);
+  const int64_t n = filter_row(scaled.data(), nullptr, v, top_k, top_p, cand);
   if (n < 0) {  // the whole row: a softmax over every token (-inf: no mass)
     const float inf = std::numeric_limits<float>::infinity();
+    const float* s = scaled.data();
     float mx = -inf;
-    for (int64_t i = 0; i < v; ++i) mx = std::max(mx, y[i]);
+    for (int64_t i = 0; i < v; ++i) mx = std::max(mx, s[i]);
     const int64_t v8 = v / 8 * 8;
     double total = 0.0;
     f8v acc = {};
     for (int64_t i = 0; i < v8; i += 8) {
-      const f8v a = ld8(y + i);
+      const f8v a = ld8(s + i);
       const f8v e = a == -inf ? f8v{} : exp8(a - mx);
       std::memcpy(y + i, &e, sizeof(e));
       acc += e;
@@ -163,7 +167,7 @@ void sample_row(const float* x, float* y, int64_t v, float temp, int64_t top_k,
     }
     for (int j = 0; j < 8; ++j) total += acc[j];
     for (int64_t i = v8; i < v; ++i) {
-      y[i] = y[i] == -inf ? 0.f : std::exp(y[i] - mx);
+      y[i] = s[i] == -inf ? 0.f : std::exp(s[i] - mx);
       total += y[i];
     }
     if (!(total > 0.0) || !std::isfinite(total)) {  // no distribution (NaN, all -inf)
@@ -235,7 +239,7 @@ torch::Tensor top_kp_filter(torch::Tensor x, torch::Tensor top_k, torch::Tensor 
   return y;
 }
 
-// Sampled drafting's pick for a batch of draft rows: x [N, V] float32 logits,
+// Sampling for a batch of rows (sampler.native_sample): x [N, V] float32 logits,
 // temperature [N] (> 0), top_k [N] int64 (0 or >= V: none), top_p [N] float64
 // (>= 1: none), u [N] float64 in (0, 1) -> (probs [N, V] float32: the
 // distribution each row draws from, tokens [N] int64, p(token) [N] float32).
