@@ -96,15 +96,21 @@ def native_sample(logits: torch.Tensor, params: Sequence[RowParams], stream: int
     ext = native_attention.load(build=False)
     if ext is None or not hasattr(ext, "sample_rows"):
         return None
-    vocab, f64 = logits.shape[1], torch.float64
+    f64 = torch.float64
     out = ext.sample_rows(
-        logits.float().contiguous(),
-        torch.tensor([p.temperature for p in params], dtype=f64),
-        torch.tensor([p.top_k if 0 < p.top_k < vocab else 0 for p in params], dtype=torch.long),
-        torch.tensor([p.top_p for p in params], dtype=f64),
+        logits.float().contiguous(), torch.tensor([p.temperature for p in params], dtype=f64),
+        *_top_kp(params, logits.shape[1]),
         torch.tensor([uniform(p.seed, pos, stream) for p, pos in zip(params, positions)],
                      dtype=f64))
     return out[0], out[1], out[2]
+
+
+def _top_kp(params: Sequence[RowParams], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The native kernels' per-row filter arguments: top_k [N] int64 (0: none),
+    top_p [N] float64."""
+    return (torch.tensor([p.top_k if 0 < p.top_k < vocab else 0 for p in params],
+                         dtype=torch.long),
+            torch.tensor([p.top_p for p in params], dtype=torch.float64))
 
 
 def draw(probs: torch.Tensor, params: Sequence[RowParams]) -> torch.Tensor:
@@ -143,10 +149,7 @@ def _filtered_logits(logits: torch.Tensor, params: list[RowParams]) -> torch.Ten
     ext = native_attention.load(build=False)
     if ext is not None and logits.dtype == torch.float32 and hasattr(ext, "top_kp_filter"):
         # every row in one call (native/top_kp.cpp: _kept's method, in C++)
-        top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else 0 for p in params],
-                             dtype=torch.long)
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64)
-        return ext.top_kp_filter(logits.contiguous(), top_k, top_p)
+        return ext.top_kp_filter(logits.contiguous(), *_top_kp(params, vocab))
     keep = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
     for i in rows:
         p = params[i]

@@ -209,7 +209,7 @@ def _walk(logits: torch.Tensor, walks: list[_Walk], drafts: list[_Draft], p: _Ro
     target in place where acceptance reads them.
 
     Each round computes q (``processed_probs``) for the row each request
-    stands at, then: a draft with u * p < q is accepted (its residual
+    stands at while it has a draft to judge there, then: a draft with u * p < q is accepted (its residual
     RESIDUAL_SKIPPED), the walk goes on; at the first rejection the residual
     sample is drawn and the walk stops (a residual that is zero, q == p, is
     -1 and the walk goes on); past the last draft the bonus token t_K is the
@@ -224,7 +224,11 @@ def _walk(logits: torch.Tensor, walks: list[_Walk], drafts: list[_Draft], p: _Ro
             q_draft[k], residual[k] = 0.0, RESIDUAL_SKIPPED
     active = walks
     while active:
-        need = [(w, w.off + w.j) for w in active if not w.x.params.greedy]
+        # q of the row each sampled request stands at, to judge its next draft (a
+        # request past its last draft needs only the bonus draw, which
+        # sampled_tokens makes from the logits, as sample does)
+        need = [(w, w.off + w.j) for w in active
+                if not w.x.params.greedy and w.j < len(w.ks)]
         if need:
             rows = [r for _, r in need]
             q = processed_probs(logits.index_select(0, _index(rows, dev)),
