@@ -312,3 +312,111 @@ def test_fifth_round_examples_are_the_reference_answers_and_word_lists_are_new()
         assert len(new) >= 8 and not new & old, (k, new & old)
     assert mod.chat5_prompts(random.Random(3), 100) == mod.chat5_prompts(random.Random(3), 100)
     assert mod.math5_prompts(random.Random(1), 100) != mod.math5_prompts(random.Random(3), 100)
+
+
+ROUND6 = ("synth6-chat", "synth6-heval", "synth6-func", "synth6-math")
+
+
+def test_sixth_round_is_seeded_matches_the_committed_files_and_is_far_from_eval(tmp_path, monkeypatch):
+    mod, sets = _regenerated(6, ROUND6, tmp_path, monkeypatch)
+    sizes = {k: len(v) for k, v in sets.items()}
+    assert sizes["synth6-chat"] >= 780 and sizes["synth6-heval"] >= 430
+    assert sizes["synth6-func"] >= 250 and sizes["synth6-math"] >= 250
+    r6 = [t for v in sets.values() for t in v]
+    assert 1700 <= len(r6) <= 1900
+    assert sizes["synth6-chat"] / len(r6) >= 0.4  # the round is aimed at chat, then at stubs
+    assert sizes["synth6-heval"] / len(r6) >= 0.22
+    earlier = {t for d in ("prompts-synth", "prompts-synth2", "prompts-synth3", "prompts-synth4", "prompts-synth5")
+               for f in (ROOT / "data" / d).glob("*.jsonl") for t in _read(f)}
+    assert not earlier & set(r6)
+    import re
+
+    evals = _far_from_eval(r6)
+    # new tasks: no eval entry point, no name of rounds 2-5's stubs, 40+ distinct stubs
+    stubs = _load("synth_stubs6")
+    names = {s[0] for s in stubs.STUBS6} | {s[0] for s in stubs.ASSERT6}
+    eval_names = {n for t in evals for n in re.findall(r"def (\w+)\(", t)}
+    s5 = _load("synth_stubs5")
+    old = ({s[0] for s in _load("synth_prompts2").STUBS} | {s[0] for s in _load("synth_prompts3").STUBS3}
+           | {s[0] for s in _load("synth_prompts4").EXAMPLES4} | {s[0] for s in s5.STUBS5} | {s[0] for s in s5.ASSERT5})
+    assert len(stubs.STUBS6) >= 40 and len(names) == len(stubs.STUBS6) + len(stubs.ASSERT6)
+    assert not names & (eval_names | old)
+    assert {n for t in sets["synth6-heval"] for n in re.findall(r"def (\w+)\(", t)} == {s[0] for s in stubs.STUBS6}
+    # every stub's code block compiles (a signature and a docstring)
+    for t in sets["synth6-heval"]:
+        code = re.search(r"```python\n(.*?)\n```", t, re.S)
+        compile((code.group(1) if code else t) + "    pass\n", "<stub>", "exec")
+    # another seed draws other prompts
+    again = tmp_path / "again"
+    monkeypatch.setattr("sys.argv", ["synth_prompts6.py", str(again), "1"])
+    assert mod.main() == 0
+    assert _read(again / "synth6-chat.jsonl") != sets["synth6-chat"]
+
+
+def test_sixth_round_examples_are_the_reference_answers_and_word_lists_are_new():
+    """Every example output in the committed stubs (doctests, '==>', 'should
+    return') and assert lines is what the reference returns; a few references
+    are checked against hand-worked answers; the chat word lists and templates
+    repeat none of rounds 1-5's, nor do the one-line function tasks."""
+    import random
+    import re
+    stubs = _load("synth_stubs6")
+    by_name = {s[0]: s[4] for s in stubs.STUBS6} | {s[0]: s[2] for s in stubs.ASSERT6}
+    checks = {"blackjack_total": (["A", "K", "A"], 12), "scrabble_score": ("quiz", 22),
+              "rps_winner": (("paper", "scissors"), "second"),
+              "tic_tac_toe_winner": (["XO.", "OXO", "..X"], "X"),
+              "free_slots": (([(10, 12), (9, 11), (14, 15)], 8, 18), [(8, 9), (12, 14), (15, 18)]),
+              "count_overlaps": ([(1, 3), (3, 5), (2, 4)], 2), "common_suffix": (["singing", "ring", "bring"], "ing"),
+              "is_harshad": (18, True), "is_automorphic": (76, True), "abundant_below": (25, [12, 18, 20, 24]),
+              "kaprekar_steps": (3524, 3), "closest_to_noon": (["11:00", "13:00", "09:00"], "11:00"),
+              "fewest_notes": ((68, [50, 20, 10, 5, 2, 1]), {50: 1, 10: 1, 5: 1, 2: 1, 1: 1}),
+              "format_price": ((-1234.5, "$"), "-$1,234.50"), "is_full_house": ([2, 3, 2, 3, 2], True),
+              "first_difference": (("abc", "abcd"), 3), "center_text": (("ab", 5, "*"), "*ab**"),
+              "truncate_words": (("one two three", 9), "one two..."), "slugify": ("  Hello, World!  ", "hello-world"),
+              "anagram_groups": (["rat", "art", "elbow", "tar", "below"], [["rat", "art", "tar"], ["elbow", "below"]]),
+              "count_inversions": ([3, 1, 2], 2), "local_minima": ([[5, 1, 5], [2, 6, 0]], [(0, 1), (1, 0), (1, 2)]),
+              "parking_fee": (91, 4), "shipping_cost": (2.1, 10.0), "is_one_edit": (("walnut", "walnuts"), True),
+              "column_number": ("AB", 28), "column_label": (703, "AAA"), "expand_ranges": ("1-3,7", [1, 2, 3, 7]),
+              "to_morse": ("sos", "... --- ..."), "change_ways": ((5, [1, 2, 5]), 4),
+              "nth_weekday_date": ((2024, 11, "Thursday", 4), "2024-11-28"), "add_days": (("2024-02-27", 3), "2024-03-01"),
+              "top_words": (("b a b c a b", 2), ["b", "a"]), "seconds_until_midnight": ("23:59:00", 60),
+              "minutes_to_clock": (125, "2:05")}
+    for name, (args, want) in checks.items():
+        args = args if isinstance(args, tuple) else (args,)
+        assert by_name[name](*args) == want, name
+    assert by_name["fill_orders"]({"pens": 3}, [("pens", 2), ("pens", 2), ("pens", 1)]) == {"pens": 0}
+    r = random.Random(5)
+    for s in stubs.STUBS6:  # every input maker gives arguments its reference takes
+        for _ in range(5):
+            s[4](*s[5](r))
+    pats = [r"\n\s*>>> (.*)\n\s*(.*)\n", r"\n\s*(\w+\(.*\)) ==> (.*)\n", r"\n\s*(\w+\(.*\)) should return (.*)\n",
+            r"\nassert (\w+\(.*\)) == (.*)"]
+    seen = 0
+    for f in ("synth6-heval", "synth6-func"):
+        for t in _read(ROOT / f"data/prompts-synth6/{f}.jsonl"):
+            for pat in pats:
+                for call, want in re.findall(pat, t.replace("\n", "\n\n")):
+                    assert repr(eval(call, dict(by_name))) == want.strip(), call
+                    seen += 1
+    assert seen > 700
+    # the chat word lists and templates, and the function tasks, are new
+    mod = _load("synth_prompts6")
+    earlier = [_load(n) for n in ("synth_prompts", "synth_prompts2", "synth_prompts3", "synth_prompts4",
+                                  "synth_prompts5")]
+
+    def items(v):
+        return {" ".join(x.lower().split()) for x in (mod.split_list(v) if isinstance(v, str) else v) if x.strip()}
+    old = set().union(*(items(getattr(m, k)) for m in earlier for k in dir(m)
+                        if k.isupper() and isinstance(getattr(m, k), (str, list))
+                        and all(isinstance(x, str) for x in getattr(m, k))))
+    assert len(old) > 1000
+    for k in ("TOPICS6", "PEOPLE6", "AUDIENCES6", "GENRES6", "CONCEPTS6", "ADVICE6", "WHATIF6", "DECISIONS6",
+              "DRAFTS6", "SCENES6", "NAMES6", "CONSTRAINTS6", "CHAT6"):
+        new = items(getattr(mod, k))
+        assert len(new) >= 8 and not new & old, (k, new & old)
+    old_tasks = {" ".join(t.lower().split()) for m in earlier for k in dir(m) if k.startswith("FUNC")
+                 and isinstance(getattr(m, k), dict) for t in m.expand(getattr(m, k))}
+    new_tasks = {" ".join(t.lower().split()) for t in mod.expand(mod.FUNC6)}
+    assert len(old_tasks) > 500 and len(new_tasks) >= 100 and not new_tasks & old_tasks
+    assert mod.chat6_prompts(random.Random(3), 100) == mod.chat6_prompts(random.Random(3), 100)
+    assert mod.math6_prompts(random.Random(1), 100) != mod.math6_prompts(random.Random(3), 100)
