@@ -178,3 +178,82 @@ def test_auto_never_compiles_at_start_up(tmp_path, monkeypatch):
     assert native_attention.resolve("auto", CPU, 64) is None
     assert "make setup" in native_attention.unavailable_reason()
     assert compiled == []
+
+
+def drafter_inputs(g, b, k, c, heads, kvh, hd, dtype):
+    q = torch.randn(b, k, heads, hd, generator=g).to(dtype)
+    kc, vc = (torch.randn(b, c, kvh, hd, generator=g).to(dtype) for _ in range(2))
+    kb, vb = (torch.randn(b, k, kvh, hd, generator=g).to(dtype) for _ in range(2))
+    return q, kc, vc, kb, vb
+
+
+def drafter_reference(q, kc, vc, kb, vb, valid):
+    """What DraftLayer.attend computes without the kernel (SDPA, boolean mask), in fp64."""
+    b, k = q.shape[:2]
+    kk = torch.cat([kc, kb], 1).transpose(1, 2).double()
+    vv = torch.cat([vc, vb], 1).transpose(1, 2).double()
+    mask = torch.cat([valid, valid.new_ones(b, k)], 1)[:, None, None, :]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2).double(), kk, vv, attn_mask=mask,
+        enable_gqa=q.shape[2] != kc.shape[2]).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kv_heads,hd", [(9, 3, 64), (4, 2, 16), (4, 4, 32)])
+def test_drafter_attention_matches_sdpa(dtype, tol, heads, kv_heads, hd):
+    """The drafter's block rows over their visible context rows and their whole
+    block: requests with a full window, a few scattered rows, and no context row
+    at all (the block alone), against SDPA with the boolean mask."""
+    g = torch.Generator().manual_seed(3)
+    b, k, c = 4, 7, 40
+    q, kc, vc, kb, vb = drafter_inputs(g, b, k, c, heads, kv_heads, hd, dtype)
+    valid = torch.zeros(b, c, dtype=torch.bool)
+    valid[0] = True
+    valid[1, [2, 5, 17, 39]] = True
+    valid[3, 10:33] = True  # request 2 sees no context row
+    got = EXT.drafter_attention(q, kc, vc, kb, vb, valid, hd ** -0.5)
+    assert got.dtype == dtype and got.shape == q.shape
+    ref = drafter_reference(q, kc, vc, kb, vb, valid)
+    torch.testing.assert_close(got.double(), ref, atol=tol, rtol=tol)
+    # invisible rows do not matter, whatever they hold
+    kc2, vc2 = kc.clone(), vc.clone()
+    kc2[~valid], vc2[~valid] = 1e4, -1e4
+    assert torch.equal(EXT.drafter_attention(q, kc2, vc2, kb, vb, valid, hd ** -0.5), got)
+
+
+def test_drafter_attention_a_request_does_not_depend_on_its_batch():
+    """A request drafted alone or among others, at 1 or 2 threads: bit for bit."""
+    g = torch.Generator().manual_seed(5)
+    b, k, c, heads, kvh, hd = 5, 7, 24, 9, 3, 64
+    q, kc, vc, kb, vb = drafter_inputs(g, b, k, c, heads, kvh, hd, torch.bfloat16)
+    valid = torch.rand(b, c, generator=g) > 0.3
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(EXT.drafter_attention(q, kc, vc, kb, vb, valid, 0.125))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+    for i in range(b):
+        one = slice(i, i + 1)
+        alone = EXT.drafter_attention(q[one], kc[one], vc[one], kb[one], vb[one], valid[one],
+                                      0.125)
+        assert torch.equal(alone, outs[0][one])
+
+
+def test_drafter_attention_refuses_bad_inputs():
+    g = torch.Generator().manual_seed(0)
+    q, kc, vc, kb, vb = drafter_inputs(g, 2, 3, 5, 4, 2, 16, torch.float32)
+    valid = torch.ones(2, 5, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="valid must be bool"):
+        EXT.drafter_attention(q, kc, vc, kb, vb, valid.float(), 0.25)
+    with pytest.raises(RuntimeError, match="context shapes"):
+        EXT.drafter_attention(q, kc, vc, kb, vb, valid[:, :4].contiguous(), 0.25)
+    with pytest.raises(RuntimeError, match="block K/V shapes"):
+        EXT.drafter_attention(q, kc, vc, kb[:, :2].contiguous(), vb, valid, 0.25)
+    with pytest.raises(RuntimeError, match="dtypes differ"):
+        EXT.drafter_attention(q, kc.double(), vc, kb, vb, valid, 0.25)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        EXT.drafter_attention(q.transpose(0, 1), kc, vc, kb, vb, valid, 0.25)

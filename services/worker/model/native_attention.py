@@ -10,7 +10,8 @@ for another CPU:
 - ``native/paged_attention.cpp`` attends every decode row and verify window of
   a step in one call per layer, reading keys and values from the paged pool in
   place (the PyTorch path copies them into a padded batch, or calls SDPA once
-  per sequence);
+  per sequence); ``native/drafter_attention.cpp`` the drafter's block rows
+  over their cached context (both on ``native/attention_tiles.h``);
 - ``native/linear_rows.cpp`` is the fp32 linear layer for the row counts of
   decode and verify steps, and ``native/row_ops.cpp`` their RMSNorm and SwiGLU
   product (``native_linear``);
@@ -37,9 +38,10 @@ from pathlib import Path
 import torch
 
 _DIR = Path(__file__).resolve().parent / "native"
-SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "linear_rows.cpp",
-                                    "linear_bf16.cpp", "row_ops.cpp", "markov.cpp", "top_kp.cpp"))
-HEADERS = (_DIR / "vec_exp.h", _DIR / "linear_units.h")  # included: part of the build key
+SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "drafter_attention.cpp",
+                                    "linear_rows.cpp", "linear_bf16.cpp", "row_ops.cpp",
+                                    "markov.cpp", "top_kp.cpp"))
+HEADERS = (_DIR / "vec_exp.h", _DIR / "linear_units.h", _DIR / "attention_tiles.h")  # included: part of the build key
 NAME = "dspark_native"
 BACKENDS = ("auto", "native", "torch")
 

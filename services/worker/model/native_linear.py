@@ -60,25 +60,39 @@ class RowsWeight(NamedTuple):
         return self.n, self.wp.shape[1] * (2 if self.wp.dim() == 4 else 1)
 
 
-class RowsLinear:
-    """``linear(x, w)`` and ``pack(w)`` over the native kernel (fp32, CPU)."""
-
-    dtype = torch.float32
+class _RowOps:
+    """The native row ops a packed linear brings along, in its dtype: RMSNorm,
+    the SwiGLU product (``native/row_ops.cpp``) and the drafter's attention
+    (``native/drafter_attention.cpp``)."""
 
     def __init__(self, ext):
         self.ext = ext
 
-    def pack(self, w: torch.Tensor) -> RowsWeight:
-        return RowsWeight(self.ext.pack_rows_weight(w.detach().float().contiguous()),
-                          int(w.shape[0]))
-
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        """F.rms_norm(x, (d,), w, eps) for fp32 x [T, d] (``native/row_ops.cpp``)."""
+        """F.rms_norm(x, (d,), w, eps) for x [T, d]."""
         return self.ext.rms_norm_rows(x.contiguous(), w, eps)
 
     def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
-        """[gate | up] [T, 2I] -> F.silu(gate) * up, fp32."""
+        """[gate | up] [T, 2I] -> F.silu(gate) * up."""
         return self.ext.silu_mul_rows(gu.contiguous())
+
+    def drafter_attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                          kb: torch.Tensor, vb: torch.Tensor, valid: torch.Tensor
+                          ) -> torch.Tensor:
+        """q [B, K, H, hd]; kc, vc [B, C, KV, hd]; kb, vb [B, K, KV, hd]; valid
+        [B, C] bool -> [B, K, H, hd]: SDPA (scale hd^-0.5, GQA) of the block rows
+        over the valid context rows and the whole block."""
+        return self.ext.drafter_attention(q, kc, vc, kb, vb, valid, q.shape[-1] ** -0.5)
+
+
+class RowsLinear(_RowOps):
+    """``linear(x, w)`` and ``pack(w)`` over the native kernel (fp32, CPU)."""
+
+    dtype = torch.float32
+
+    def pack(self, w: torch.Tensor) -> RowsWeight:
+        return RowsWeight(self.ext.pack_rows_weight(w.detach().float().contiguous()),
+                          int(w.shape[0]))
 
     def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
@@ -88,7 +102,7 @@ class RowsLinear:
         return y.view(*lead, w.n).to(dt)
 
 
-class Bf16Linear:
+class Bf16Linear(_RowOps):
     """``linear(x, w)`` and ``pack(w)`` over the AVX512-BF16 kernel
     (``native/linear_bf16.cpp``): bf16 weights and activations, float sums,
     a row's result independent of the batch; with the native RMSNorm and
@@ -96,22 +110,11 @@ class Bf16Linear:
 
     dtype = torch.bfloat16
 
-    def __init__(self, ext):
-        self.ext = ext
-
     def pack(self, w: torch.Tensor) -> RowsWeight:
         w = w.detach().to(torch.bfloat16)
         if w.shape[1] % 2:  # k in pairs: a zero column (x gets one too)
             w = torch.nn.functional.pad(w, (0, 1))
         return RowsWeight(self.ext.pack_bf16_weight(w.contiguous()), int(w.shape[0]))
-
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        """F.rms_norm(x, (d,), w, eps) for bf16 x [T, d] (``native/row_ops.cpp``)."""
-        return self.ext.rms_norm_rows(x.contiguous(), w, eps)
-
-    def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
-        """[gate | up] [T, 2I] -> F.silu(gate) * up, bf16."""
-        return self.ext.silu_mul_rows(gu.contiguous())
 
     def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous() and \

@@ -7,6 +7,9 @@
 void paged_short_attention(torch::Tensor q, torch::Tensor k_flat, torch::Tensor v_flat,
                            torch::Tensor seqs, torch::Tensor tables, int64_t block_size,
                            double scale, torch::Tensor out);
+torch::Tensor drafter_attention(torch::Tensor q, torch::Tensor kc, torch::Tensor vc,
+                                torch::Tensor kb, torch::Tensor vb, torch::Tensor valid,
+                                double scale);
 torch::Tensor pack_rows_weight(torch::Tensor w);
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor wp, int64_t N);
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps);
@@ -26,6 +29,9 @@ std::vector<torch::Tensor> markov_greedy(torch::Tensor base, torch::Tensor e0, t
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_short_attention", &paged_short_attention,
         "attention of short query windows over a paged KV pool (in place into out)");
+  m.def("drafter_attention", &drafter_attention,
+        "the drafter's block rows over their visible context rows and their own block"
+        " (q, kc, vc, kb, vb, valid, scale) -> out");
   m.def("pack_rows_weight", &pack_rows_weight,
         "w [N, K] fp32 -> [ceil(N / 16), K, 16], the layout linear_rows reads");
   m.def("linear_rows", &linear_rows, "x [M, K] @ w.T from a packed w, fp32 (N outputs)");

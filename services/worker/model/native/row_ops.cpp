@@ -80,17 +80,24 @@ void rms_norm_impl(const T* xp, const T* wp, T* yp, int64_t t, int64_t d, float 
 
 template <typename T>
 void silu_mul_impl(const T* gp, T* yp, int64_t t, int64_t n) {
-  at::parallel_for(0, t, kGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
+  // tasks of kChunk columns of one row, so that the few rows of a verify window
+  // (8 x 1536 at batch 1) still spread over the threads; element-wise, so any
+  // split gives the same values
+  constexpr int64_t kChunk = 256;
+  const int64_t per_row = (n + kChunk - 1) / kChunk;
+  at::parallel_for(0, t * per_row, kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t r = task / per_row, c0 = task % per_row * kChunk;
+      const int64_t c1 = std::min(n, c0 + kChunk);
       const T* g = gp + r * 2 * n;
       const T* u = g + n;
       T* o = yp + r * n;
-      const int64_t n8 = n / 8 * 8;
-      for (int64_t i = 0; i < n8; i += 8) {
+      int64_t i = c0;
+      for (; i + 8 <= c1; i += 8) {
         const f8v gv = ld8(g + i);
         st8(o + i, gv / (1.f + exp8(-gv)) * ld8(u + i));
       }
-      for (int64_t i = n8; i < n; ++i) {
+      for (; i < c1; ++i) {
         const float gi = ld1(g + i);
         st1(o + i, gi / (1.f + std::exp(-gi)) * ld1(u + i));
       }
