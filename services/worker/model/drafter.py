@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from . import native_markov
 from .llama import rope_inv_freq
 from .native_argmax import argmax_rows
+from .native_attention import LANES
 
 # Loss mixture of DSPARK.md section 2.4.
 CE_WEIGHT, L1_WEIGHT, BCE_WEIGHT, SLOT_DECAY = 0.1, 0.9, 1.0, 4.0
@@ -217,6 +218,7 @@ class DraftLayer(torch.nn.Module):
         # serving with the native linear: its one-call RMSNorm and SwiGLU product
         self._rows_norm: Callable | None = None
         self._rows_silu_mul: Callable | None = None
+        self._attention: Callable | None = None  # and its drafter attention
 
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ W.T for W in wqkv / wkv (the K/V rows of wqkv) / wo / w13 / w2."""
@@ -244,6 +246,8 @@ class DraftLayer(torch.nn.Module):
         pack_fn, self._packed_linear = packing
         self._rows_norm = getattr(self._packed_linear, "rms_norm", None)
         self._rows_silu_mul = getattr(self._packed_linear, "silu_mul", None)
+        self._attention = getattr(self._packed_linear, "drafter_attention", None) \
+            if self.hd % LANES == 0 else None
         self._packed = {n: pack_fn((self.wqkv[self.q_dim:] if n == "wkv"
                                     else getattr(self, n)).contiguous())
                         for n in ("wqkv", "wkv", "wo", "w13", "w2")}
@@ -260,24 +264,30 @@ class DraftLayer(torch.nn.Module):
         return kc, kvc[..., kvh * hd:].reshape(shape)
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor, rope_blk, rope_ctx,
-                mask: torch.Tensor) -> torch.Tensor:
-        """x: [B, K, d] block rows; ctx: [B, C, d] fused context; mask: [B, 1, 1, C+K]."""
-        return self.attend(x, *self.ctx_kv(ctx, rope_ctx), rope_blk, mask)
+                valid: torch.Tensor) -> torch.Tensor:
+        """x: [B, K, d] block rows; ctx: [B, C, d] fused context; valid: [B, C]."""
+        return self.attend(x, *self.ctx_kv(ctx, rope_ctx), rope_blk, valid)
 
     def attend(self, x: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rope_blk,
-               mask: torch.Tensor) -> torch.Tensor:
-        """x: [B, K, d]; kc, vc: [B, C, KV, hd] context K/V; mask: [B, 1, 1, C+K]."""
+               valid: torch.Tensor) -> torch.Tensor:
+        """x: [B, K, d]; kc, vc: [B, C, KV, hd] context K/V; valid: [B, C] bool, the
+        context rows each request sees (every block row sees the whole block)."""
         b, k, d = x.shape
         h, kvh, hd, qd = self.h, self.kvh, self.hd, self.q_dim
         qkv = self._lin(self._norm(x, self.ln1), "wqkv")  # [B, K, (H+2KV)hd]
         q = _apply_rope(qkv[..., :qd].view(b, k, h, hd), *rope_blk)
         kb = _apply_rope(qkv[..., qd:qd + kvh * hd].view(b, k, kvh, hd), *rope_blk)
         vb = qkv[..., qd + kvh * hd:].view(b, k, kvh, hd)
-        kk = torch.cat([kc, kb], 1).transpose(1, 2)  # [B, KV, C+K, hd]
-        vv = torch.cat([vc, vb], 1).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=mask,
-                                           enable_gqa=h != kvh)  # [B, H, K, hd]
-        x = x + self._lin(o.transpose(1, 2).reshape(b, k, qd), "wo")
+        if self._attention is not None:  # serving, native: one call, no mask or copies
+            o = self._attention(q, kc.contiguous(), vc.contiguous(), kb, vb.contiguous(),
+                                valid.contiguous())  # [B, K, H, hd]
+        else:
+            kk = torch.cat([kc, kb], 1).transpose(1, 2)  # [B, KV, C+K, hd]
+            vv = torch.cat([vc, vb], 1).transpose(1, 2)
+            mask = torch.cat([valid, valid.new_ones(b, k)], 1)[:, None, None, :]  # [B,1,1,C+K]
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=mask,
+                                               enable_gqa=h != kvh).transpose(1, 2)
+        x = x + self._lin(o.reshape(b, k, qd), "wo")
         return x + self._lin(self._swiglu(self._lin(self._norm(x, self.ln2), "w13")), "w2")
 
     def forward_shared(self, x: torch.Tensor, ctx: torch.Tensor, rope_blk, rope_ctx,
@@ -441,6 +451,12 @@ class DSparkDrafter(torch.nn.Module):
         # each pick back without mapping it to a target id first
         self._w1_slot = self.markov_w1[self.draft_vocab].contiguous() \
             if self.config.markov_rank and self.draft_vocab is not None else None
+        # the confidence head as one fp32 dot product per position (a bf16 linear of
+        # one output row took ~0.2 ms a step in the serving loop)
+        self._conf_f32 = (self.conf_w.detach().float().reshape(-1).contiguous(),
+                          self.conf_b.detach().float())
+        self._rope_tab = self._rope_rows(torch.arange(1024, device=self.fc.device))
+        self._rope_tab = tuple(t.squeeze(-2) for t in self._rope_tab)
         return True
 
     def _plin(self, x: torch.Tensor, w: torch.Tensor, packed_name: str) -> torch.Tensor:
@@ -478,7 +494,21 @@ class DSparkDrafter(torch.nn.Module):
 
     # ---- backbone --------------------------------------------------------------------
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """pos [...] -> cos, sin_signed [..., 1, hd] (fp32 tables cast like llama.py's)."""
+        """pos [...] -> cos, sin_signed [..., 1, hd] (fp32 tables cast like llama.py's).
+        Packed for serving, rows of a table kept for positions 0..P (a few ops a
+        call instead of ~10; the same values)."""
+        tab = getattr(self, "_rope_tab", None)
+        if tab is None or not pos.numel():
+            return self._rope_rows(pos)
+        top = int(pos.max()) + 1
+        if top > tab[0].shape[0]:
+            n = max(top, 2 * tab[0].shape[0])
+            tab = self._rope_tab = tuple(t.squeeze(-2) for t in self._rope_rows(
+                torch.arange(n, device=pos.device)))
+        flat = pos.reshape(-1)
+        return tuple(t.index_select(0, flat).view(*pos.shape, 1, -1) for t in tab)
+
+    def _rope_rows(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = pos.unsqueeze(-1).float() * self._inv_freq.to(pos.device)  # [..., hd/2]
         emb = torch.cat([freqs, freqs], -1)
         sin, half = emb.sin(), self.config.head_dim // 2
@@ -507,10 +537,9 @@ class DSparkDrafter(torch.nn.Module):
                        self.mask_embed.expand(b, k - 1, d)], 1)  # [B, K, d]
         blk_pos = anchor_pos.unsqueeze(1) + torch.arange(k, device=anchors.device)  # [B, K]
         valid = self.context_mask(ctx_positions, ctx_lengths, anchor_pos)
-        mask = torch.cat([valid, valid.new_ones(b, k)], 1)[:, None, None, :]  # [B,1,1,C+K]
         rope_blk, rope_ctx = self._rope(blk_pos), self._rope(ctx_positions)
         for layer in self.layers:
-            x = layer(x, ctx, rope_blk, rope_ctx, mask)
+            x = layer(x, ctx, rope_blk, rope_ctx, valid)
         return F.rms_norm(x, (d,), self.norm, c.rms_norm_eps)
 
     def fuse_context(self, taps: torch.Tensor, positions: torch.Tensor
@@ -535,10 +564,9 @@ class DSparkDrafter(torch.nn.Module):
                        self.mask_embed.expand(b, k - 1, d)], 1)
         ap = anchor_pos.unsqueeze(1)
         valid = ctx_valid & (ctx_positions < ap) & (ctx_positions >= ap - c.context_window)
-        mask = torch.cat([valid, valid.new_ones(b, k)], 1)[:, None, None, :]
         rope_blk = self._rope(ap + torch.arange(k, device=anchors.device))
         for layer, (kc, vc) in zip(self.layers, ctx_kv):
-            x = layer.attend(x, kc, vc, rope_blk, mask)
+            x = layer.attend(x, kc, vc, rope_blk, valid)
         return rms_norm(x, self.norm, c.rms_norm_eps, self._rows_norm)
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -663,13 +691,26 @@ class DSparkDrafter(torch.nn.Module):
         p_k(d_k) [B, D] (None: all greedy, one-hot, p = 1) and the confidences
         (DSPARK.md 4.1, z_k = w . [h_k ; W1[x_{k-1}]] + b, calibrated)."""
         feats = torch.cat([h, w1_rows], -1) if w1_rows is not None else h  # [B, D, d (+r)]
-        z = F.linear(feats, self.conf_w, self.conf_b).squeeze(-1).float()  # [B, D]
+        conf = getattr(self, "_conf_f32", None)
+        if conf is not None:  # packed for serving
+            z = torch.addmv(conf[1], feats.reshape(-1, feats.shape[-1]).float(), conf[0]) \
+                .view(feats.shape[:-1])
+        else:
+            z = F.linear(feats, self.conf_w, self.conf_b).squeeze(-1).float()  # [B, D]
         temps = self.config.confidence_temperatures
         if temps:
-            z = z / torch.tensor(temps[:slots.shape[1]], dtype=z.dtype, device=z.device)
+            z = z / self._temps_tensor(temps, z.device)[:slots.shape[1]]
         if q is None:  # greedy: p_k is the one-hot of the argmax, p_k(d_k) = 1
             q = torch.ones(slots.shape, dtype=torch.float32, device=h.device)
         return DraftOutput(self.to_target_ids(slots), q, dists, torch.sigmoid(z))
+
+    def _temps_tensor(self, temps: tuple[float, ...], device: torch.device) -> torch.Tensor:
+        """The calibration temperatures as a tensor, made once per value."""
+        cached = getattr(self, "_temps_cache", None)
+        if cached is None or cached[0] != temps or cached[1].device != device:
+            cached = (temps, torch.tensor(temps, dtype=torch.float32, device=device))
+            self._temps_cache = cached
+        return cached[1]
 
     def _full_dist(self, p: torch.Tensor | None, slot: torch.Tensor) -> torch.Tensor:
         """A draft-vocab distribution (None = one-hot of slot) over the target vocab."""
