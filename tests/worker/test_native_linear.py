@@ -297,3 +297,39 @@ def test_bf16_row_ops_match_pytorch(t, d):
     assert torch.isnan(lin.rms_norm(nan, w, 1e-5)[0]).all()
     with pytest.raises(RuntimeError, match="x and w alike"):
         EXT.rms_norm_rows(x, w.float(), 1e-5)
+
+
+@needs_ext
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t,heads,hd,width", [(1, 12, 64, 960), (8, 12, 64, 960),
+                                              (5, 3, 16, 80), (3, 2, 12, 30)])
+def test_rope_rows_equal_the_pytorch_ops(dtype, t, heads, hd, width):
+    """The native RoPE of the query and key heads (llama.py's forward with the
+    native linear): bit for bit the values of mul + roll + addcmul, from the
+    first heads of a wider qkv row (the V columns untouched), at real positions
+    of the model's tables; rows on their own."""
+    from dspark.worker.model.llama import LlamaArgs, rope_inv_freq
+
+    g = torch.Generator().manual_seed(21)
+    qkv = (torch.randn(t, width, generator=g) * 3).to(dtype)
+    args = LlamaArgs(vocab_size=8, hidden_size=hd, intermediate_size=8, num_layers=1,
+                     num_heads=1, num_kv_heads=1, head_dim=hd, rms_norm_eps=1e-5,
+                     rope_theta=10000.0, max_position_embeddings=4096,
+                     tie_word_embeddings=True)
+    pos = torch.randint(0, 4000, (t,), generator=g)
+    freqs = torch.outer(pos.float(), rope_inv_freq(args))
+    emb = torch.cat([freqs, freqs], -1)
+    cos, sin = emb.cos().to(dtype), emb.sin()
+    sin_signed = torch.cat([-sin[:, :hd // 2], sin[:, hd // 2:]], -1).to(dtype)
+    qk = qkv[:, :heads * hd].view(t, heads, hd)
+    ref = torch.addcmul(qk * cos[:, None], qk.roll(hd // 2, -1), sin_signed[:, None])
+    lin = native_linear.Bf16Linear(EXT) if dtype == torch.bfloat16 else \
+        native_linear.RowsLinear(EXT)
+    got = lin.rope(qkv, cos, sin_signed, heads)
+    assert got.shape == (t, heads, hd) and got.dtype == dtype
+    assert torch.equal(got, ref)
+    assert torch.equal(lin.rope(qkv[-1:], cos[-1:], sin_signed[-1:], heads), got[-1:])
+    with pytest.raises(RuntimeError, match="heads \\* hd <= W"):
+        lin.rope(qkv, cos, sin_signed, width // hd + 1)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        lin.rope(qkv, cos.double(), sin_signed, heads)

@@ -180,6 +180,7 @@ class Llama(torch.nn.Module):
                        for i in range(a.num_layers)]
         self.linear = F.linear
         self.rms_norm, self.silu_mul = _rms_norm, _silu_mul  # native ones with the kernel
+        self.rope: Callable | None = None  # the native RoPE (native linear only)
         # (pack, linear) of the serving layout, for other weights that use this
         # model's linear (a drafter's head rows and layers); None = plain F.linear
         self.packing: tuple[Callable, Callable] | None = None
@@ -200,6 +201,7 @@ class Llama(torch.nn.Module):
                 self.embed.device.type == "cpu":
             self.packing = (rows_linear.pack, rows_linear)
             self.rms_norm, self.silu_mul = rows_linear.rms_norm, rows_linear.silu_mul
+            self.rope = getattr(rows_linear, "rope", None)
         elif pack and use_packed_linear(self.embed):
             self.packing = (pack_weight, packed_linear)
             if self.embed.dtype == torch.bfloat16 and \
@@ -247,14 +249,20 @@ class Llama(torch.nn.Module):
         if self.wide_layers is not None and t >= FP32_ROWS:
             layers, lin = self.wide_layers, fp32_linear
         x = F.embedding(tokens, self.embed)  # [T, d]
-        cos = self.cos.index_select(0, meta.positions).unsqueeze(1)  # [T, 1, hd]
-        sin = self.sin_signed.index_select(0, meta.positions).unsqueeze(1)
+        cos = self.cos.index_select(0, meta.positions)  # [T, hd]
+        sin = self.sin_signed.index_select(0, meta.positions)
+        rope = self.rope if self.rope is not None and layers is self.layers else None
+        if rope is None:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, hd]
         tap_slot = {layer: j for j, layer in enumerate(tap_layers)}
         for i, w in enumerate(layers):
             qkv = lin(norm(x, w["ln1"], eps), w["wqkv"])  # [T, (H+2KV)*hd]
-            qk = qkv[:, :qk_dim].view(t, h + kvh, hd)
-            # RoPE (rotate-half layout): roll swaps the halves, sin_signed has -sin first
-            qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
+            if rope is not None:  # one call: the same values as the three ops below
+                qk = rope(qkv, cos, sin, h + kvh)
+            else:
+                qk = qkv[:, :qk_dim].view(t, h + kvh, hd)
+                # RoPE (rotate-half layout): roll swaps the halves, sin_signed has -sin first
+                qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
             v = qkv[:, qk_dim:].view(t, kvh, hd)
             o = paged_attention(qk[:, :h], qk[:, h:], v, kv.k_flat[i], kv.v_flat[i], meta)
             x = x + lin(o, w["wo"])  # o: [T, H*hd]

@@ -76,6 +76,13 @@ class _RowOps:
         """[gate | up] [T, 2I] -> F.silu(gate) * up."""
         return self.ext.silu_mul_rows(gu.contiguous())
 
+    def rope(self, qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+             heads: int) -> torch.Tensor:
+        """llama.py's rotate-half RoPE of the first ``heads`` heads of qkv [T, W] at
+        cos / sin_signed [T, hd] -> [T, heads, hd] (x * cos + roll(x) * sin_signed,
+        rounded as those ops round)."""
+        return self.ext.rope_rows(qkv, cos, sin_signed, heads)
+
     def drafter_attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                           kb: torch.Tensor, vb: torch.Tensor, valid: torch.Tensor
                           ) -> torch.Tensor:

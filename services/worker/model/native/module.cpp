@@ -14,6 +14,7 @@ torch::Tensor pack_rows_weight(torch::Tensor w);
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor wp, int64_t N);
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul_rows(torch::Tensor gu);
+torch::Tensor rope_rows(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads);
 torch::Tensor argmax_rows(torch::Tensor x);
 bool has_linear_bf16();
 torch::Tensor pack_bf16_weight(torch::Tensor w);
@@ -42,6 +43,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16", &linear_bf16, "x [M, K] @ w.T from a packed w, bf16 (N outputs)");
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row of x [T, d], fp32");
   m.def("silu_mul_rows", &silu_mul_rows, "[gate | up] [T, 2I] -> silu(gate) * up, fp32");
+  m.def("rope_rows", &rope_rows,
+        "rotate-half RoPE of the first heads of qkv [T, W] at cos / sin_signed [T, hd]"
+        " -> [T, heads, hd], as mul + roll + addcmul");
   m.def("argmax_rows", &argmax_rows, "x [M, N] fp32 or bf16 -> int64 [M], as x.argmax(-1)");
   m.def("has_markov_bf16", &has_markov_bf16,
         "whether this build has the AVX512-BF16 Markov loop (markov_greedy in bf16)");

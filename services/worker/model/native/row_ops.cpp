@@ -153,6 +153,48 @@ void argmax_impl(const T* xp, int64_t* out, int64_t m, int64_t n, int64_t pitch)
   });
 }
 
+// RoPE in the rotate-half layout, as llama.py's PyTorch ops compute it:
+// a = x * cos (rounded to T), then out = a + roll(x, hd / 2) * sin in one
+// fused multiply-add (rounded to T), sin holding -sin in its first half: the
+// roundings of PyTorch's mul and addcmul (its fp32 addcmul is fused; tested bit
+// for bit). The pragmas keep the compiler from fusing the first product.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#pragma STDC FP_CONTRACT OFF
+template <typename T>
+void rope_impl(const T* xp, int64_t x_pitch, const T* cp, const T* sp, T* yp, int64_t t,
+               int64_t heads, int64_t hd) {
+  const int64_t half = hd / 2, n = heads * hd;
+  at::parallel_for(0, t, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* c = cp + r * hd;
+      const T* sn = sp + r * hd;
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* x = xp + r * x_pitch + h * hd;
+        T* y = yp + r * n + h * hd;
+        int64_t i = 0;
+        if (half % 8 == 0)
+          for (; i < hd; i += 8) {
+            const int64_t j = i < half ? i + half : i - half;  // the rotated half
+            T a[8];
+            st8(a, ld8(x + i) * ld8(c + i));
+            const f8v av = ld8(a), xr = ld8(x + j), s = ld8(sn + i);
+            f8v out;
+            for (int k = 0; k < 8; ++k) out[k] = __builtin_fmaf(xr[k], s[k], av[k]);
+            st8(y + i, out);
+          }
+        for (; i < hd; ++i) {
+          const int64_t j = i < half ? i + half : i - half;
+          T a;
+          st1(&a, ld1(x + i) * ld1(c + i));
+          st1(y + i, __builtin_fmaf(ld1(x + j), ld1(sn + i), ld1(&a)));
+        }
+      }
+    }
+  });
+}
+#pragma GCC pop_options
+
 }  // namespace
 
 // The argmax of each row of x [M, N] (float32 or bfloat16; rows contiguous, any
@@ -191,6 +233,31 @@ torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps) {
   else
     rms_norm_impl(x.data_ptr<at::BFloat16>(), w.data_ptr<at::BFloat16>(),
                   y.data_ptr<at::BFloat16>(), x.size(0), x.size(1), e);
+  return y;
+}
+
+// qkv [T, W] (rows contiguous, any row stride): its first `heads` heads of hd
+// columns roped at cos / sin_signed [T, hd] -> [T, heads, hd] (llama.py's
+// rotate-half RoPE of the query and key heads in one call instead of three
+// ops). fp32 or bf16.
+torch::Tensor rope_rows(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads) {
+  TORCH_CHECK(qkv.dim() == 2 && cos.dim() == 2 && sin.sizes() == cos.sizes(),
+              "rope_rows: qkv [T, W], cos and sin [T, hd]");
+  const int64_t t = qkv.size(0), hd = cos.size(1);
+  TORCH_CHECK(cos.size(0) == t && hd % 2 == 0 && heads >= 0 && heads * hd <= qkv.size(1),
+              "rope_rows: cos / sin rows, an even hd and heads * hd <= W");
+  TORCH_CHECK((qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16) &&
+                  cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
+              "rope_rows: float32 or bfloat16, one dtype");
+  TORCH_CHECK(qkv.stride(1) == 1 && cos.is_contiguous() && sin.is_contiguous(),
+              "rope_rows: rows contiguous");
+  auto y = torch::empty({t, heads, hd}, qkv.options());
+  if (qkv.scalar_type() == at::kFloat)
+    rope_impl(qkv.data_ptr<float>(), qkv.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(),
+              y.data_ptr<float>(), t, heads, hd);
+  else
+    rope_impl(qkv.data_ptr<at::BFloat16>(), qkv.stride(0), cos.data_ptr<at::BFloat16>(),
+              sin.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>(), t, heads, hd);
   return y;
 }
 
