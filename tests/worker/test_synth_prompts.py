@@ -3,6 +3,7 @@ seeded (the same files on every machine), of the promised kinds and sizes,
 and share nothing with the eval sets (never train on eval prompts)."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ EVAL = ROOT.parent / "shared/datasets/eval"
 
 
 def _load(name: str = "synth_prompts"):
+    if str(ROOT / "scripts/drafter") not in sys.path:  # the scripts import each other
+        sys.path.insert(0, str(ROOT / "scripts/drafter"))
     spec = importlib.util.spec_from_file_location(name, ROOT / f"scripts/drafter/{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -262,13 +265,49 @@ def test_fifth_round_is_seeded_matches_the_committed_files_and_is_far_from_eval(
     assert {n for t in sets["synth5-heval"] for n in re.findall(r"def (\w+)\(", t)} == {s[0] for s in stubs.STUBS5}
 
 
+def _check_round_examples(n: int, stubs, by_name: dict, checks: dict, min_seen: int) -> None:
+    """Round n's references give the hand-worked answers in ``checks``, every
+    input maker gives arguments its reference takes, and every example in the
+    committed stubs and one-line asks (doctests, '==>', 'should return',
+    assert lines) is what the reference returns (at least ``min_seen``)."""
+    import random
+    import re
+    for name, (args, want) in checks.items():
+        args = args if isinstance(args, tuple) else (args,)
+        assert by_name[name](*args) == want, name
+    r = random.Random(5)
+    for s in getattr(stubs, f"STUBS{n}"):
+        for _ in range(5):
+            s[4](*s[5](r))
+    pats = [r"\n\s*>>> (.*)\n\s*(.*)\n", r"\n\s*(\w+\(.*\)) ==> (.*)\n", r"\n\s*(\w+\(.*\)) should return (.*)\n",
+            r"\nassert (\w+\(.*\)) == (.*)"]
+    seen = 0
+    for f in (f"synth{n}-heval", f"synth{n}-func"):
+        for t in _read(ROOT / f"data/prompts-synth{n}/{f}.jsonl"):
+            for pat in pats:
+                for call, want in re.findall(pat, t.replace("\n", "\n\n")):
+                    assert repr(eval(call, dict(by_name))) == want.strip(), call
+                    seen += 1
+    assert seen > min_seen
+
+
+def _earlier_items(mod, earlier) -> tuple:
+    """(items, old): a word list's normalised entries, and every entry of the
+    earlier rounds' upper-case string lists."""
+    def items(v):
+        return {" ".join(x.lower().split()) for x in (mod.split_list(v) if isinstance(v, str) else v) if x.strip()}
+    old = set().union(*(items(getattr(m, k)) for m in earlier for k in dir(m)
+                        if k.isupper() and isinstance(getattr(m, k), (str, list))
+                        and all(isinstance(x, str) for x in getattr(m, k))))
+    return items, old
+
+
 def test_fifth_round_examples_are_the_reference_answers_and_word_lists_are_new():
     """Every example output in the committed stubs (doctests, '==>', 'should
     return') and assert lines is what the reference returns; a few references
     are checked against hand-worked answers; the chat word lists repeat none
     of rounds 1-4's."""
     import random
-    import re
     stubs = _load("synth_stubs5")
     by_name = {s[0]: s[4] for s in stubs.STUBS5} | {s[0]: s[2] for s in stubs.ASSERT5}
     checks = {"spiral_order": ([[1, 2, 3], [4, 5, 6], [7, 8, 9]], [1, 2, 3, 6, 9, 8, 7, 4, 5]),
@@ -280,32 +319,11 @@ def test_fifth_round_examples_are_the_reference_answers_and_word_lists_are_new()
               "digital_root": (493193, 2), "sum_of_multiples": ((10, [3, 5]), 23), "majority_element": ([1, 2, 1, 3], None),
               "days_in_month": ((2024, 2), 29), "wait_times": ([3, 1, 2], [0, 3, 4]),
               "apply_stack_ops": (["push 1", "pop", "pop", "push 4"], [4])}
-    for name, (args, want) in checks.items():
-        args = args if isinstance(args, tuple) else (args,)
-        assert by_name[name](*args) == want, name
-    r = random.Random(5)
-    for s in stubs.STUBS5:  # every input maker gives arguments its reference takes
-        for _ in range(5):
-            s[4](*s[5](r))
-    pats = [r"\n\s*>>> (.*)\n\s*(.*)\n", r"\n\s*(\w+\(.*\)) ==> (.*)\n", r"\n\s*(\w+\(.*\)) should return (.*)\n",
-            r"\nassert (\w+\(.*\)) == (.*)"]
-    seen = 0
-    for f in ("synth5-heval", "synth5-func"):
-        for t in _read(ROOT / f"data/prompts-synth5/{f}.jsonl"):
-            for pat in pats:
-                for call, want in re.findall(pat, t.replace("\n", "\n\n")):
-                    assert repr(eval(call, dict(by_name))) == want.strip(), call
-                    seen += 1
-    assert seen > 1000
+    _check_round_examples(5, stubs, by_name, checks, 1000)
     # the chat word lists are new
     mod = _load("synth_prompts5")
     earlier = [_load(n) for n in ("synth_prompts", "synth_prompts2", "synth_prompts3", "synth_prompts4")]
-
-    def items(v):
-        return {" ".join(x.lower().split()) for x in (mod.split_list(v) if isinstance(v, str) else v) if x.strip()}
-    old = set().union(*(items(getattr(m, k)) for m in earlier for k in dir(m)
-                        if k.isupper() and isinstance(getattr(m, k), (str, list))
-                        and all(isinstance(x, str) for x in getattr(m, k))))
+    items, old = _earlier_items(mod, earlier)
     assert len(old) > 600
     for k in ("TOPICS5", "PEOPLE5", "AUDIENCES5", "ASKS5", "PLANS5", "NAMES5"):
         new = items(getattr(mod, k))
@@ -359,7 +377,6 @@ def test_sixth_round_examples_are_the_reference_answers_and_word_lists_are_new()
     are checked against hand-worked answers; the chat word lists and templates
     repeat none of rounds 1-5's, nor do the one-line function tasks."""
     import random
-    import re
     stubs = _load("synth_stubs6")
     by_name = {s[0]: s[4] for s in stubs.STUBS6} | {s[0]: s[2] for s in stubs.ASSERT6}
     checks = {"blackjack_total": (["A", "K", "A"], 12), "scrabble_score": ("quiz", 22),
@@ -381,34 +398,13 @@ def test_sixth_round_examples_are_the_reference_answers_and_word_lists_are_new()
               "nth_weekday_date": ((2024, 11, "Thursday", 4), "2024-11-28"), "add_days": (("2024-02-27", 3), "2024-03-01"),
               "top_words": (("b a b c a b", 2), ["b", "a"]), "seconds_until_midnight": ("23:59:00", 60),
               "minutes_to_clock": (125, "2:05")}
-    for name, (args, want) in checks.items():
-        args = args if isinstance(args, tuple) else (args,)
-        assert by_name[name](*args) == want, name
     assert by_name["fill_orders"]({"pens": 3}, [("pens", 2), ("pens", 2), ("pens", 1)]) == {"pens": 0}
-    r = random.Random(5)
-    for s in stubs.STUBS6:  # every input maker gives arguments its reference takes
-        for _ in range(5):
-            s[4](*s[5](r))
-    pats = [r"\n\s*>>> (.*)\n\s*(.*)\n", r"\n\s*(\w+\(.*\)) ==> (.*)\n", r"\n\s*(\w+\(.*\)) should return (.*)\n",
-            r"\nassert (\w+\(.*\)) == (.*)"]
-    seen = 0
-    for f in ("synth6-heval", "synth6-func"):
-        for t in _read(ROOT / f"data/prompts-synth6/{f}.jsonl"):
-            for pat in pats:
-                for call, want in re.findall(pat, t.replace("\n", "\n\n")):
-                    assert repr(eval(call, dict(by_name))) == want.strip(), call
-                    seen += 1
-    assert seen > 700
+    _check_round_examples(6, stubs, by_name, checks, 700)
     # the chat word lists and templates, and the function tasks, are new
     mod = _load("synth_prompts6")
     earlier = [_load(n) for n in ("synth_prompts", "synth_prompts2", "synth_prompts3", "synth_prompts4",
                                   "synth_prompts5")]
-
-    def items(v):
-        return {" ".join(x.lower().split()) for x in (mod.split_list(v) if isinstance(v, str) else v) if x.strip()}
-    old = set().union(*(items(getattr(m, k)) for m in earlier for k in dir(m)
-                        if k.isupper() and isinstance(getattr(m, k), (str, list))
-                        and all(isinstance(x, str) for x in getattr(m, k))))
+    items, old = _earlier_items(mod, earlier)
     assert len(old) > 1000
     for k in ("TOPICS6", "PEOPLE6", "AUDIENCES6", "GENRES6", "CONCEPTS6", "ADVICE6", "WHATIF6", "DECISIONS6",
               "DRAFTS6", "SCENES6", "NAMES6", "CONSTRAINTS6", "CHAT6"):
