@@ -177,7 +177,8 @@ def test_resolve_choices():
 def test_float32_worker_serves_on_the_native_linear(tiny_model_dir):
     """An fp32 CPU worker (``--linear auto``, kernels built) packs its layers and
     head for the native kernel and, given a drafter, the drafter's too; its
-    logits equal the oneDNN worker's to rounding and it picks the same tokens;
+    logits (RoPE from the native row ops as well) equal the oneDNN worker's to
+    rounding and it picks the same tokens;
     a bf16 worker keeps oneDNN."""
     from dspark.worker.model.llama import packed_linear, use_packed_linear
 
@@ -189,6 +190,7 @@ def test_float32_worker_serves_on_the_native_linear(tiny_model_dir):
     assert isinstance(nat.model.linear, native_linear.RowsLinear)
     assert isinstance(nat.model.lm_head, native_linear.RowsWeight)
     assert nat.model.packing[1] is nat.model.linear
+    assert nat.model.rope is not None and ref.model.rope is None  # RoPE native too
     assert not isinstance(ref.model.linear, native_linear.RowsLinear)
     toks = [int(t) for t in _rand(20, seed=7).abs().mul(30).long() % 97]
     logits = {}

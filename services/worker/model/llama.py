@@ -201,7 +201,7 @@ class Llama(torch.nn.Module):
                 self.embed.device.type == "cpu":
             self.packing = (rows_linear.pack, rows_linear)
             self.rms_norm, self.silu_mul = rows_linear.rms_norm, rows_linear.silu_mul
-            self.rope = getattr(rows_linear, "rope", None)
+            self.rope = rows_linear.rope
         elif pack and use_packed_linear(self.embed):
             self.packing = (pack_weight, packed_linear)
             if self.embed.dtype == torch.bfloat16 and \
