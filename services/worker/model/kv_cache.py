@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from . import hugepages
+
 SHORT_QUERY_MAX = 8  # rows; verify windows are at most 8 rows
 # Above this many key positions in total, short windows are attended one sequence
 # at a time on views of their blocks instead of one padded gather (memory-bound).
@@ -48,8 +50,14 @@ class PagedKVCache:
         shape = (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
         # Zeroed, not empty: padded/masked key slots are still multiplied (by a zero
         # weight), and uninitialized memory may hold NaNs (0 * NaN = NaN).
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # On CPU on huge pages where the OS gives them (hugepages.py: a step reads
+        # rows from all over the pool).
+        ar = hugepages.arena(device)
+        if ar is not None:
+            self.k, self.v = ar.zeros(shape, dtype), ar.zeros(shape, dtype)
+        else:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
         # Flat per-layer views: [num_blocks * block_size, n_kv, hd]
         self.k_flat = [self.k[i].view(-1, n_kv_heads, head_dim) for i in range(num_layers)]
         self.v_flat = [self.v[i].view(-1, n_kv_heads, head_dim) for i in range(num_layers)]

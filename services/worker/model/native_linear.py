@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import native_attention
+from . import hugepages, native_attention
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "native", "torch")
@@ -67,6 +67,13 @@ class _RowOps:
 
     def __init__(self, ext):
         self.ext = ext
+        # packed weights go on huge pages where the OS gives them (hugepages.py)
+        self.arena = hugepages.arena("cpu")
+
+    def _place(self, wp: torch.Tensor) -> torch.Tensor:
+        """A packed weight, moved into the arena (where there is one); the bf16
+        kernel prefetches in software only for weights outside it."""
+        return wp if self.arena is None else self.arena.copy_in(wp)
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         """F.rms_norm(x, (d,), w, eps) for x [T, d]."""
@@ -98,8 +105,8 @@ class RowsLinear(_RowOps):
     dtype = torch.float32
 
     def pack(self, w: torch.Tensor) -> RowsWeight:
-        return RowsWeight(self.ext.pack_rows_weight(w.detach().float().contiguous()),
-                          int(w.shape[0]))
+        wp = self.ext.pack_rows_weight(w.detach().float().contiguous())
+        return RowsWeight(self._place(wp), int(w.shape[0]))
 
     def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
@@ -121,17 +128,18 @@ class Bf16Linear(_RowOps):
         w = w.detach().to(torch.bfloat16)
         if w.shape[1] % 2:  # k in pairs: a zero column (x gets one too)
             w = torch.nn.functional.pad(w, (0, 1))
-        return RowsWeight(self.ext.pack_bf16_weight(w.contiguous()), int(w.shape[0]))
+        return RowsWeight(self._place(self.ext.pack_bf16_weight(w.contiguous())), int(w.shape[0]))
 
     def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous() and \
                 not x.shape[1] % 2:
-            return self.ext.linear_bf16(x, w.wp, w.n)  # the serving case: no wrapping ops
+            # the serving case: no wrapping ops
+            return self.ext.linear_bf16(x, w.wp, w.n, self.arena is None)
         lead, dt = x.shape[:-1], x.dtype
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if x2.shape[1] % 2:
             x2 = torch.nn.functional.pad(x2, (0, 1))
-        y = self.ext.linear_bf16(x2.contiguous(), w.wp, w.n)
+        y = self.ext.linear_bf16(x2.contiguous(), w.wp, w.n, self.arena is None)
         return y.view(*lead, w.n).to(dt)
 
 
