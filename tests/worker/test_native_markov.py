@@ -72,13 +72,24 @@ def _case(dtype, b, depth, n, r, seed, kind):
     (3, 5, 300, 16, "masked"),
     (2, 6, 160, 64, "nan"),
     (2, 3, 7, 2, "plain"),          # fewer outputs than one unit
+    # batch 1 with a vocabulary of >= 64 units a thread: bf16 splits each
+    # position's vocabulary between the threads and merges their maxima
+    (1, 7, 4096, 64, "ties"),
+    (1, 5, 4100, 16, "masked"),
+    (1, 6, 4096, 64, "nan"),
 ])
-def test_kernel_equals_python_loop(dtype, b, depth, n, r, kind):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_equals_python_loop(dtype, b, depth, n, r, kind, threads):
     lin = _linear(dtype)
     base, e0, w1, w2 = _case(dtype, b, depth, n, r, seed=b * 100 + depth, kind=kind)
     pw2 = lin.pack(w2)
     assert native_markov.usable(w1, pw2)
-    slots, rows = native_markov.greedy_loop(base, e0, w1, pw2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        slots, rows = native_markov.greedy_loop(base, e0, w1, pw2)
+    finally:
+        torch.set_num_threads(before)
     ref_slots, ref_rows = reference(lin, base, e0, w1, pw2)
     assert slots.dtype == torch.int64 and rows.dtype == dtype
     assert torch.equal(slots, ref_slots)
