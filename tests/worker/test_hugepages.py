@@ -89,9 +89,9 @@ def test_kv_pool_in_the_arena_reads_zero_and_keeps_writes():
 @needs_thp
 @pytest.mark.parametrize("m", [1, 3, 8, 13])
 def test_weights_in_the_arena_give_the_same_bits(m):
-    """A Bf16Linear packs into its arena and skips the software prefetches; its
-    outputs equal, bit for bit, those of weights where PyTorch put them with
-    the prefetches (the kernel's arithmetic is the same either way)."""
+    """A Bf16Linear packs into its arena and prefetches for huge pages; its
+    outputs equal, bit for bit, those of weights where PyTorch put them
+    (the kernel's arithmetic is the same either way)."""
     lin = native_linear.Bf16Linear(EXT)
     assert lin.arena is not None
     plain = native_linear.Bf16Linear(EXT)
@@ -103,5 +103,5 @@ def test_weights_in_the_arena_give_the_same_bits(m):
         assert torch.equal(a.wp, b.wp) and a.wp.data_ptr() != b.wp.data_ptr()
         out = lin(x, a)
         assert torch.equal(out, plain(x, b))
-        for pf in (True, False):  # the flag alone changes nothing either
-            assert torch.equal(EXT.linear_bf16(x.contiguous(), a.wp, a.n, pf), out)
+        for huge in (True, False):  # the flag alone changes nothing either
+            assert torch.equal(EXT.linear_bf16(x.contiguous(), a.wp, a.n, huge), out)

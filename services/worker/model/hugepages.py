@@ -5,9 +5,11 @@ model in bf16), and the KV pool's rows are read from all over it. On 4 KiB
 pages that is ~65k pages a step: the TLB misses on most of them, and the
 hardware prefetchers stop at every page boundary. On 2 MiB pages both go away.
 Measured on the project's 2-core AVX512-BF16 EPYC, the native bf16 linear over
-the default model's layers and LM head: 1 row 9.1 -> 7.8 ms, 8 rows 10.1 ->
-9.6 ms (``python -m dspark.worker.model.hugepages``, which prints this side by
-side). PyTorch's CPU allocator never asks for huge pages, and most kernels'
+the default model's layers and LM head, each as served (4 KiB pages with the
+kernel's L1 prefetches, huge pages with its L2 ones): 1 row 9.71 -> 8.43 ms,
+8 rows 10.38 -> 8.95 ms, and 1.2-1.4x where memory bandwidth is contended
+(``python -m dspark.worker.model.hugepages`` prints this side by side).
+PyTorch's CPU allocator never asks for huge pages, and most kernels'
 transparent-huge-page setting is ``madvise``: only memory advised with
 ``MADV_HUGEPAGE`` gets them.
 
@@ -136,8 +138,8 @@ def main() -> int:
     if unavailable_reason() is not None:
         print(f"no huge pages here: {unavailable_reason()}", file=sys.stderr)
         return 1
-    # as served: weights where PyTorch puts them and the kernel's software
-    # prefetches, against the arena (huge pages) without them
+    # as served: weights where PyTorch puts them (the kernel prefetching for 4 KiB
+    # pages), against the arena (huge pages, prefetched for those)
     lin_4k, lin_huge = Bf16Linear(ext), Bf16Linear(ext)
     lin_4k.arena = None
     g = torch.Generator().manual_seed(0)

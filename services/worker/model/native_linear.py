@@ -72,7 +72,7 @@ class _RowOps:
 
     def _place(self, wp: torch.Tensor) -> torch.Tensor:
         """A packed weight, moved into the arena (where there is one); the bf16
-        kernel prefetches in software only for weights outside it."""
+        kernel prefetches it as its pages call for (``huge_pages``)."""
         return wp if self.arena is None else self.arena.copy_in(wp)
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -134,12 +134,12 @@ class Bf16Linear(_RowOps):
         if x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous() and \
                 not x.shape[1] % 2:
             # the serving case: no wrapping ops
-            return self.ext.linear_bf16(x, w.wp, w.n, self.arena is None)
+            return self.ext.linear_bf16(x, w.wp, w.n, self.arena is not None)
         lead, dt = x.shape[:-1], x.dtype
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if x2.shape[1] % 2:
             x2 = torch.nn.functional.pad(x2, (0, 1))
-        y = self.ext.linear_bf16(x2.contiguous(), w.wp, w.n, self.arena is None)
+        y = self.ext.linear_bf16(x2.contiguous(), w.wp, w.n, self.arena is not None)
         return y.view(*lead, w.n).to(dt)
 
 

@@ -55,16 +55,22 @@ torch::Tensor pack_bf16_weight(torch::Tensor w) {
 #ifdef DSPARK_BF16_LINEAR
 namespace {
 
-// Software prefetch distance in pairs (1 KiB ahead in each unit's stream), for
-// weights on 4 KiB pages: there the hardware prefetcher stops at every page and
-// alone leaves an 8-row pass waiting on memory (over the default model's layers,
-// 8 rows 10.5 -> 9.4 ms, 1 row 8.7 -> 8.3). On 2 MiB pages (hugepages.py) it
-// runs on, and the prefetches only take load slots: without them 1 row 5.9 ->
-// 4.7 ms, 8 rows 8.1 -> 7.3 (the caller says which: ``prefetch``).
-constexpr int64_t kPrefetch = 16;
+// Software prefetches of the weight stream, by where it lives. On 4 KiB pages
+// the hardware prefetcher stops at every page and alone leaves an 8-row pass
+// waiting on memory: into L1, 16 pairs (1 KiB) ahead in each unit's stream (over
+// the default model's layers, 8 rows 10.5 -> 9.4 ms, 1 row 8.7 -> 8.3). On 2 MiB
+// pages (hugepages.py) it runs on; there prefetches into L2, 32 pairs ahead, keep
+// an 8-row pass fed where memory is contended (the machine's bandwidth varies
+// 23-58 GB/s): 8 rows 9.1-11.1 -> 8.7-9.1 ms without prefetches against with,
+// 1 row about the same.
+template <bool HUGE>
+struct Prefetch {
+  static constexpr int64_t kAhead = HUGE ? 32 : 16;  // pairs
+  static constexpr int kHint = HUGE ? _MM_HINT_T1 : _MM_HINT_T0;
+};
 
 // MR rows of x (row stride K, in pairs: int32 each) against U consecutive units.
-template <int MR, int U, bool PF>
+template <int MR, int U, bool HUGE>
 inline void micro(const int32_t* x, const uint16_t* wp, int64_t K2, uint16_t* y, int64_t ldy,
                   int64_t n_valid) {
   __m512 acc[MR][U];
@@ -75,10 +81,10 @@ inline void micro(const int32_t* x, const uint16_t* wp, int64_t K2, uint16_t* y,
     __m512bh w[U];
     for (int u = 0; u < U; ++u) {
       w[u] = (__m512bh)_mm512_loadu_si512(wp + u * stride + p * kUnit * 2);
-      // the line kPrefetch pairs ahead (a hint: past the end it does not fault)
-      if (PF)
-        _mm_prefetch(reinterpret_cast<const char*>(wp + u * stride + (p + kPrefetch) * kUnit * 2),
-                     _MM_HINT_T0);
+      // the line kAhead pairs ahead (a hint: past the end it does not fault)
+      _mm_prefetch(reinterpret_cast<const char*>(wp + u * stride +
+                                                 (p + Prefetch<HUGE>::kAhead) * kUnit * 2),
+                   static_cast<_mm_hint>(Prefetch<HUGE>::kHint));
     }
     for (int m = 0; m < MR; ++m) {
       const __m512bh xs = (__m512bh)_mm512_set1_epi32(x[m * K2 + p]);
@@ -100,13 +106,13 @@ inline void micro(const int32_t* x, const uint16_t* wp, int64_t K2, uint16_t* y,
 }
 
 // MR rows against units [u0, u1) of a matrix with N outputs.
-template <int MR, bool PF>
+template <int MR, bool HUGE>
 void rows(const int32_t* x, const uint16_t* wp, uint16_t* y, int64_t K2, int64_t N, int64_t u0,
           int64_t u1) {
   // registers: MR * U sums + U weights + 1 broadcast within 32
   constexpr int U = MR <= 2 ? 8 : (MR <= 4 ? 6 : (MR <= 6 ? 4 : 3));
   dspark_linear::over_units<U>(u0, u1, N, [&](auto units, int64_t u, int64_t n_valid) {
-    micro<MR, decltype(units)::value, PF>(x, wp + u * K2 * kUnit * 2, K2, y + u * kUnit, N,
+    micro<MR, decltype(units)::value, HUGE>(x, wp + u * K2 * kUnit * 2, K2, y + u * kUnit, N,
                                       n_valid);
   });
 }
@@ -123,7 +129,7 @@ constexpr RowsFn kRows[2][kMaxRows] = {
 }  // namespace
 #endif
 
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N, bool prefetch) {
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N, bool huge_pages) {
 #ifndef DSPARK_BF16_LINEAR
   TORCH_CHECK(false, "linear_bf16: this build has no AVX512-BF16 kernel");
 #else
@@ -145,7 +151,7 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N, bool pre
   // groups of ~256 KiB of weights in L2 (a unit: K2 pairs x 16 outputs x 4 bytes)
   dspark_linear::parallel_units(M, units, K2 * kUnit * 4, 256 * 1024, kMaxRows,
                                 [&](int64_t mc, int64_t m0, int64_t g0, int64_t g1) {
-    kRows[prefetch ? 1 : 0][mc - 1](xp + m0 * K2, wpp, yp + m0 * N, K2, N, g0, g1);
+    kRows[huge_pages ? 1 : 0][mc - 1](xp + m0 * K2, wpp, yp + m0 * N, K2, N, g0, g1);
   });
   return y;
 #endif

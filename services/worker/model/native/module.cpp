@@ -18,7 +18,7 @@ torch::Tensor rope_rows(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
 torch::Tensor argmax_rows(torch::Tensor x);
 bool has_linear_bf16();
 torch::Tensor pack_bf16_weight(torch::Tensor w);
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N, bool prefetch);
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor wp, int64_t N, bool huge_pages);
 bool has_markov_bf16();
 torch::Tensor top_kp_filter(torch::Tensor x, torch::Tensor top_k, torch::Tensor top_p);
 std::vector<torch::Tensor> sample_rows(torch::Tensor x, torch::Tensor temperature,
@@ -41,9 +41,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_bf16_weight", &pack_bf16_weight,
         "w [N, K] bf16 -> [ceil(N / 16), K / 2, 16, 2], the layout linear_bf16 reads");
   m.def("linear_bf16", &linear_bf16,
-        "x [M, K] @ w.T from a packed w, bf16 (N outputs); prefetch: software prefetches "
-        "of the weight (for weights on 4 KiB pages)",
-        py::arg("x"), py::arg("wp"), py::arg("N"), py::arg("prefetch") = true);
+        "x [M, K] @ w.T from a packed w, bf16 (N outputs); huge_pages: the weight is on "
+        "2 MiB pages (prefetched into L2 further ahead; else into L1 for 4 KiB pages)",
+        py::arg("x"), py::arg("wp"), py::arg("N"), py::arg("huge_pages") = false);
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row of x [T, d], fp32");
   m.def("silu_mul_rows", &silu_mul_rows, "[gate | up] [T, 2I] -> silu(gate) * up, fp32");
   m.def("rope_rows", &rope_rows,
