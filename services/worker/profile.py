@@ -45,6 +45,21 @@ def _best_ms(fn, reps: int = 2) -> float:
     return best
 
 
+def non_decreasing(times: list[float]) -> list[float]:
+    """The closest non-decreasing curve (least squares: adjacent points that
+    disagree are pooled into their mean). More rows never cost less, so a
+    point timed low or high by noise is averaged with its neighbour rather
+    than kept, or copied onto every point after it."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for t in times:
+        blocks.append([t, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
 @torch.inference_mode()
 def measure(runner, budget_s: float = 2.0, grid=GRID) -> SpsProfile:
     """The runner's SpsProfile; ``budget_s`` bounds the forward grid's time."""
@@ -86,9 +101,7 @@ def measure(runner, budget_s: float = 2.0, grid=GRID) -> SpsProfile:
         rows.append(b)
         times.append(_best_ms(lambda: forward(b)))
     fixed, per, per_pos = _draft_cost(runner, ctx, evict=lambda: forward(1))
-    # more rows never cost less: a point timed low by noise must not make the
-    # rows before it look dearer than its own
-    times = [max(times[:i + 1]) for i in range(len(times))]
+    times = non_decreasing(times)
     return SpsProfile(rows=tuple(rows), forward_ms=tuple(times), draft_fixed_ms=fixed,
                       draft_per_request_ms=per, draft_per_position_ms=per_pos)
 
