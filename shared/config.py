@@ -201,6 +201,10 @@ class WorkerConfig(ServerOpsConfig):
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int = 0  # 0 = size from kv_cache_gib
     kv_cache_gib: float = 1.6  # 32 x 2k tokens of the default model in bf16
+    # CPU: write the whole KV pool at start-up so that its memory is resident from
+    # the start (a pool too large fails then, not under load); off: pages become
+    # resident as the pool fills (a smaller footprint while it is mostly empty)
+    kv_prefault: bool = True
     max_model_len: int = 0  # 0 = the model's context length
     tap_layer_ids: tuple[int, ...] = (8, 16, 24)  # hidden states captured as tap rows
     host: str = DEFAULT_HOST

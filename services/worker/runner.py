@@ -20,6 +20,7 @@ from dspark.shared.config import WorkerConfig
 from dspark.shared.types import SeqOutput, SeqStep, StepOutput, StepPlan, WorkerInfo
 
 from dspark.shared.verify_fill import fill_verify_budget
+from . import memory
 from .model import native_attention, native_linear
 from .model.kv_cache import PagedKVCache, build_metadata
 from .model.llama import Llama, load_llama
@@ -154,11 +155,16 @@ class ModelRunner:
             raise ValueError(f"kv_cache_gib={config.kv_cache_gib} is invalid: "
                              f"too small for one KV block ({per_block} bytes) after "
                              f"{lease_bytes} bytes of drafter leases")
+        if self.device.type == "cpu":
+            setting = (f"num_kv_blocks={config.num_kv_blocks}" if config.num_kv_blocks
+                       else f"kv_cache_gib={config.kv_cache_gib}")
+            memory.check_kv_pool(num_blocks * per_block, setting, memory.available())
         if self.num_spec:
             self.leases = LeasePool(self.drafter, config.num_leases, self.num_spec,
                                     self.device)
         self.kv = PagedKVCache(a.num_layers, num_blocks, self.block_size, a.num_kv_heads,
-                               a.head_dim, self.dtype, self.device)
+                               a.head_dim, self.dtype, self.device,
+                               prefault=config.kv_prefault)
         self._taps: dict[str, _TapBuffer] = {}
         # async scheduling: each speculating request's last result, to resolve a
         # deferred anchor: ("token", token, position) or ("verify", VerifyResult,

@@ -45,7 +45,12 @@ class PagedKVCache:
     """The worker's KV pool: one K and one V tensor for all layers."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, n_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device):
+                 head_dim: int, dtype: torch.dtype, device: torch.device,
+                 prefault: bool = False):
+        """prefault: on huge pages, write the pool once now so that all of it is
+        resident from the start (a serving worker: its memory is taken at start-up,
+        not as the pool fills under load); otherwise pages become resident as they
+        are first written (training, tests)."""
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         shape = (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
         # Zeroed, not empty: padded/masked key slots are still multiplied (by a zero
@@ -55,6 +60,9 @@ class PagedKVCache:
         ar = hugepages.arena(device)
         if ar is not None:
             self.k, self.v = ar.zeros(shape, dtype), ar.zeros(shape, dtype)
+            if prefault:
+                self.k.zero_()
+                self.v.zero_()
         else:
             self.k = torch.zeros(shape, dtype=dtype, device=device)
             self.v = torch.zeros(shape, dtype=dtype, device=device)
