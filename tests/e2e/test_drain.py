@@ -19,7 +19,7 @@ from dspark.shared import errors
 from dspark.shared.client import Client
 from dspark.shared.launcher import start_cluster
 
-from .conftest import _free_port_block
+from .conftest import _free_port_block, scheduler_loads
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -64,7 +64,12 @@ def test_full_queue_is_429_overloaded(small):
     assert running.first.wait(60)
     queued = Streamer(small, 4)
     queued.start()
-    time.sleep(0.5)  # now one runs and one waits: the queue is full
+    # now one runs and one waits: the queue is full (polled, not slept: on a
+    # loaded machine the second request may take a while to reach the queue)
+    deadline = time.monotonic() + 30
+    while not any(ld.num_waiting == 1 for ld in scheduler_loads(small)):
+        assert time.monotonic() < deadline, "the second request never queued"
+        time.sleep(0.05)
     r = httpx.post(f"http://{small.http}/v1/completions", timeout=30,
                    json={"model": "SmolLM2-135M-Instruct", "prompt": "Hi", "max_tokens": 2})
     assert r.status_code == 429, r.text
