@@ -52,6 +52,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
   }
   at::parallel_for(0, static_cast<int64_t>(tasks.size() / 4), 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> qf;
+    std::vector<const T*> krow, vrow;
     TaskScratch scratch;
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t b = tasks[4 * task], j = tasks[4 * task + 1];
@@ -59,15 +60,27 @@ void run(const torch::Tensor& q, const torch::Tensor& k_flat, const torch::Tenso
       const int64_t row0 = sp[3 * b] + i0, n = i1 - i0, start = sp[3 * b + 2] + i0;
       const int64_t m = g * n;  // query vectors r = (row i, head h) = i * g + h
       const int64_t* blocks = tp + b * max_blocks;
-      auto slot = [&](int64_t t) { return blocks[t / block_size] * block_size + t % block_size; };
-      auto key_at = [&](int64_t t) { return kp + slot(t) * kv_row + j * hd; };
-      auto val_at = [&](int64_t t) { return vp + slot(t) * kv_row + j * hd; };
+      // key t's row of this KV head, once per task: position t lives in slot
+      // blocks[t / block_size] * block_size + t % block_size (a division per
+      // key and pass was most of the kernel's time)
+      const int64_t n_keys = start + n;
+      krow.resize(n_keys);
+      vrow.resize(n_keys);
+      for (int64_t t = 0, blk = 0; t < n_keys; ++blk) {
+        const int64_t end = std::min(n_keys, t + block_size);
+        for (int64_t slot = blocks[blk] * block_size; t < end; ++t, ++slot) {
+          krow[t] = kp + slot * kv_row + j * hd;
+          vrow[t] = vp + slot * kv_row + j * hd;
+        }
+      }
+      auto key_at = [&](int64_t t) { return krow[t]; };
+      auto val_at = [&](int64_t t) { return vrow[t]; };
       auto seen = [&](int64_t r) { return start + r / g + 1; };  // row i: keys [0, start + i]
       qf.resize(m * hd);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h = 0; h < g; ++h)
           to_float(qp + (row0 + i) * q_row + (j * g + h) * hd, qf.data() + (i * g + h) * hd, hd);
-      attend_task<T>(qf.data(), m, hd, start + n, key_at, val_at, seen, sc, scratch);
+      attend_task<T>(qf.data(), m, hd, n_keys, key_at, val_at, seen, sc, scratch);
       for (int64_t r = 0; r < m; ++r) {
         const int64_t i = r / g, h = r % g;
         T* o = op + (row0 + i) * q_row + (j * g + h) * hd;
