@@ -89,11 +89,13 @@ class HugePageArena:
         self._used = start + nbytes
         return self._chunk[start:start + nbytes].view(dtype).view(shape)
 
-    def zeros(self, shape, dtype: torch.dtype) -> torch.Tensor:
+    def zeros(self, shape, dtype: torch.dtype, resident: bool = False) -> torch.Tensor:
         """A zero tensor. The arena never hands out memory twice, and a fresh
-        anonymous mapping reads as zeros, so nothing is written: pages become
-        resident as they are first written (a KV pool as it fills)."""
-        return self.empty(shape, dtype)
+        anonymous mapping reads as zeros, so nothing needs writing: pages become
+        resident as they are first written. ``resident``: write it once now, so
+        that all of its memory is taken here (a serving worker's KV pool)."""
+        t = self.empty(shape, dtype)
+        return t.zero_() if resident else t
 
     def copy_in(self, t: torch.Tensor) -> torch.Tensor:
         """A copy of CPU tensor ``t`` (contiguous, same shape and dtype) in the arena."""

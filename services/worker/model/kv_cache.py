@@ -47,10 +47,10 @@ class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, n_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device,
                  prefault: bool = False):
-        """prefault: on huge pages, write the pool once now so that all of it is
-        resident from the start (a serving worker: its memory is taken at start-up,
-        not as the pool fills under load); otherwise pages become resident as they
-        are first written (training, tests)."""
+        """prefault: make all of the pool resident now (a serving worker: its memory
+        is taken at start-up, not as the pool fills under load); otherwise, on huge
+        pages, pages become resident as they are first written (training, tests).
+        PyTorch's zeros, where there are no huge pages, are written either way."""
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         shape = (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
         # Zeroed, not empty: padded/masked key slots are still multiplied (by a zero
@@ -59,10 +59,8 @@ class PagedKVCache:
         # rows from all over the pool).
         ar = hugepages.arena(device)
         if ar is not None:
-            self.k, self.v = ar.zeros(shape, dtype), ar.zeros(shape, dtype)
-            if prefault:
-                self.k.zero_()
-                self.v.zero_()
+            self.k = ar.zeros(shape, dtype, resident=prefault)
+            self.v = ar.zeros(shape, dtype, resident=prefault)
         else:
             self.k = torch.zeros(shape, dtype=dtype, device=device)
             self.v = torch.zeros(shape, dtype=dtype, device=device)
