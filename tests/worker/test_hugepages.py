@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dspark.worker.model import hugepages, native_attention, native_linear
-from dspark.worker.model.kv_cache import PagedKVCache
+from dspark.worker.model.kv_cache import (AttnMetadata, PagedKVCache, unpack_keys, unpack_values,
+                                          write_kv)
 
 WHY = hugepages.unavailable_reason()
 needs_thp = pytest.mark.skipif(WHY is not None, reason=f"no huge pages here: {WHY}")
@@ -76,13 +77,16 @@ def test_arena_memory_is_on_huge_pages():
 @needs_thp
 def test_kv_pool_in_the_arena_reads_zero_and_keeps_writes():
     kv = PagedKVCache(3, 8, 16, 3, 64, torch.bfloat16, torch.device("cpu"))
-    assert kv.k.shape == (3, 8, 16, 3, 64) and kv.k.data_ptr() % hugepages.ALIGN == 0
+    assert kv.k.shape == (3, 8, 3, 32, 16, 2) and kv.v.shape == (3, 8, 3, 16, 64)
+    assert kv.k.data_ptr() % hugepages.ALIGN == 0 and kv.v.data_ptr() % hugepages.ALIGN == 0
     assert not kv.k.any() and not kv.v.any()
-    rows = torch.randn(5, 3, 64).bfloat16()
+    rows, vals = torch.randn(5, 3, 64).bfloat16(), torch.randn(5, 3, 64).bfloat16()
     slots = torch.tensor([0, 17, 33, 64, 127])
-    kv.k_flat[1].index_copy_(0, slots, rows)
-    assert torch.equal(kv.k[1].view(-1, 3, 64)[slots], rows)
-    assert not kv.k[0].any() and not kv.k[2].any() and not kv.v.any()
+    meta = AttnMetadata(slots=slots, positions=torch.zeros(5, dtype=torch.long), block_size=16)
+    write_kv(kv.k[1], kv.v[1], rows, vals, meta)
+    assert torch.equal(unpack_keys(kv.k[1])[slots], rows)
+    assert torch.equal(unpack_values(kv.v[1])[slots], vals)
+    assert not kv.k[0].any() and not kv.k[2].any() and not kv.v[0].any() and not kv.v[2].any()
 
 
 @needs_bf16

@@ -13,7 +13,7 @@ import torch
 from dspark.shared.config import WorkerConfig
 from dspark.shared.types import SamplingParams
 from dspark.worker.model import native_attention
-from dspark.worker.model.kv_cache import build_metadata, paged_attention
+from dspark.worker.model.kv_cache import build_metadata, pack_keys, pack_values, paged_attention
 from dspark.worker.runner import ModelRunner
 from dspark.worker.training.engine import OfflineEngine
 
@@ -24,13 +24,11 @@ pytestmark = pytest.mark.skipif(
 CPU = torch.device("cpu")
 
 
-def attend(seqs, q, k_new, v_new, k_flat, v_flat, bs, g, native):
-    """paged_attention over fresh copies of the pool (it writes this step's K/V)."""
+def attend(seqs, q, k_new, v_new, k_rows, v_rows, bs, g, native):
+    """paged_attention over a pool holding k_rows / v_rows ([slots, KV, hd] in slot
+    order; it writes this step's K/V into its own copy)."""
     meta = build_metadata(seqs, bs, g, CPU, native=EXT if native else None)
-    ws = (max(meta.gather_blocks, 1), bs) + tuple(k_flat.shape[1:])
-    meta.ws_k = torch.empty(ws, dtype=k_flat.dtype)
-    meta.ws_v = torch.empty(ws, dtype=k_flat.dtype)
-    return paged_attention(q, k_new, v_new, k_flat.clone(), v_flat.clone(), meta)
+    return paged_attention(q, k_new, v_new, pack_keys(k_rows, bs), pack_values(v_rows, bs), meta)
 
 
 def random_step(rng: random.Random, n_seqs: int, max_rows: int, bs: int, pool_blocks: int,
@@ -50,10 +48,11 @@ def random_step(rng: random.Random, n_seqs: int, max_rows: int, bs: int, pool_bl
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 32), (9, 3, 64), (4, 4, 16)])
-def test_matches_the_pytorch_path(dtype, tol, heads, kv_heads, hd):
+@pytest.mark.parametrize("bs", [8, 16, 32])  # tiles assembled from two blocks; read in place
+def test_matches_the_pytorch_path(dtype, tol, heads, kv_heads, hd, bs):
     rng = random.Random(heads * 100 + hd)
     g = torch.Generator().manual_seed(hd)
-    bs, pool_blocks = 8, 96
+    pool_blocks = 96
     for trial in range(4):
         seqs = random_step(rng, n_seqs=1 + 3 * trial, max_rows=8, bs=bs,
                            pool_blocks=pool_blocks, long_chunk=trial == 3)
@@ -119,14 +118,24 @@ def test_the_thread_count_does_not_change_a_row():
 
 def test_invalid_inputs_are_refused():
     q = torch.randn(2, 4, 24)  # head_dim 24: not a multiple of the kernel's 16 lanes
-    k = torch.randn(16, 2, 24)
+    k = torch.randn(2, 2, 24, 8, 1)
+    v = torch.randn(2, 2, 8, 24)
     info = torch.tensor([[0, 2, 3]])
     tables = torch.tensor([[0]])
     with pytest.raises(RuntimeError, match="head_dim"):
-        EXT.paged_short_attention(q, k, k, info, tables, 8, 0.2, torch.empty_like(q))
+        EXT.paged_short_attention(q, k, v, info, tables, 0.2, torch.empty_like(q))
+    q16, k16, v16 = q[..., :16].contiguous(), k[:, :, :16].contiguous(), v[..., :16].contiguous()
     with pytest.raises(RuntimeError, match="dtypes"):
-        EXT.paged_short_attention(q[..., :16].contiguous(), k[..., :16].double().contiguous(),
-                                  k[..., :16].contiguous(), info, tables, 8, 0.25,
+        EXT.paged_short_attention(q16, k16.double(), v16, info, tables, 0.25,
+                                  torch.empty(2, 4, 16))
+    with pytest.raises(RuntimeError, match="5-D"):  # a pool in slot order, as before
+        EXT.paged_short_attention(q16, torch.randn(16, 2, 16), v16, info, tables, 0.25,
+                                  torch.empty(2, 4, 16))
+    with pytest.raises(RuntimeError, match="pair width"):  # bf16 keys need pairs
+        EXT.paged_short_attention(q16.bfloat16(), k16.bfloat16(), v16.bfloat16(), info, tables,
+                                  0.25, torch.empty(2, 4, 16, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="shapes"):
+        EXT.paged_short_attention(q16, k16, v16[:, :, :4].contiguous(), info, tables, 0.25,
                                   torch.empty(2, 4, 16))
 
 

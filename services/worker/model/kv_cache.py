@@ -1,9 +1,20 @@
 """Paged KV cache and the attention over it.
 
-The pool holds, per layer, K and V of shape ``[num_blocks, block_size, n_kv, hd]``.
+The pool holds, per layer, keys and values per block and KV head, so that one
+(sequence, KV head) reads each of its blocks as one contiguous run:
+
+* values ``[num_blocks, n_kv, block_size, hd]``;
+* keys ``[num_blocks, n_kv, hd / P, block_size, P]``: transposed, dimension
+  group by dimension group, with ``P = key_pair(dtype)`` dimensions side by side
+  (2 for bf16, the operand order of AVX-512 BF16's pair dot product, so a block
+  of 16 keys is scored with one instruction per pair of dimensions and no
+  conversion or transpose; 1 otherwise, so a block of one head is already the
+  native kernel's transposed 16-key tile).
+
 The scheduler owns block allocation; a sequence's block table says that block
-``i`` holds positions ``[i*bs, (i+1)*bs)``, so position ``p`` lives in the flat
-slot ``block_ids[p // bs] * bs + p % bs``.
+``i`` holds positions ``[i*bs, (i+1)*bs)``, so position ``p`` lives in block
+``block_ids[p // bs]`` at offset ``p % bs`` (its flat slot is
+``block_ids[p // bs] * bs + p % bs``).
 
 One step mixes prefill chunks and short query windows (decode / verify rows),
 all flattened into a single token batch ``[T, ...]`` for the matmuls.
@@ -17,14 +28,16 @@ Attention is done per group (``AttnMetadata`` is built once per step):
   attention to the cached prefix);
 * when the short sequences' contexts are long (> ``BATCH_GATHER_MAX_KEYS`` keys in
   total), copying them into one padded batch is the bottleneck (memory bound), so
-  each is attended on its own, on a view of its blocks when they are contiguous.
+  each is attended on its own.
 
-Gathers copy whole blocks with ``index_select`` into a reusable workspace.
+The PyTorch paths gather whole blocks with ``index_select`` and arrange them as
+``[KV, L, hd]`` for SDPA, in a reusable workspace.
 
 With the native kernel (``native_attention.py``, the default on CPU where it
 is built) every short window goes to it instead: one call per layer for all of
 them, keys and values read from the pool in place; long chunks stay on SDPA.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +54,51 @@ SHORT_QUERY_MAX = 8  # rows; verify windows are at most 8 rows
 BATCH_GATHER_MAX_KEYS = 2048
 
 
+def key_pair(dtype: torch.dtype) -> int:
+    """Dimensions stored side by side per key in the key pool (``P``): 2 for
+    bf16, else 1."""
+    return 2 if dtype == torch.bfloat16 else 1
+
+
+def pool_shapes(num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """One layer's key and value pool shapes (the module docstring)."""
+    p = key_pair(dtype)
+    if head_dim % p:
+        raise ValueError(f"head_dim={head_dim} is invalid: must be a multiple of {p} for {dtype}")
+    return ((num_blocks, n_kv_heads, head_dim // p, block_size, p),
+            (num_blocks, n_kv_heads, block_size, head_dim))
+
+
+def pack_keys(rows: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Keys in slot order ``[num_blocks * bs, KV, hd]`` -> one layer's key pool."""
+    n, kvh, hd = rows.shape
+    p = key_pair(rows.dtype)
+    return (rows.view(n // block_size, block_size, kvh, hd // p, p)
+            .permute(0, 2, 3, 1, 4).contiguous())
+
+
+def pack_values(rows: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Values in slot order ``[num_blocks * bs, KV, hd]`` -> one layer's value pool."""
+    n, kvh, hd = rows.shape
+    return rows.view(n // block_size, block_size, kvh, hd).transpose(1, 2).contiguous()
+
+
+def unpack_keys(pool: torch.Tensor) -> torch.Tensor:
+    """One layer's key pool -> keys in slot order ``[num_blocks * bs, KV, hd]``."""
+    nb, kvh, hp, bs, p = pool.shape
+    return pool.permute(0, 3, 1, 2, 4).reshape(nb * bs, kvh, hp * p)
+
+
+def unpack_values(pool: torch.Tensor) -> torch.Tensor:
+    """One layer's value pool -> values in slot order ``[num_blocks * bs, KV, hd]``."""
+    nb, kvh, bs, hd = pool.shape
+    return pool.transpose(1, 2).reshape(nb * bs, kvh, hd)
+
+
 class PagedKVCache:
-    """The worker's KV pool: one K and one V tensor for all layers."""
+    """The worker's KV pool: one key and one value tensor for all layers
+    (``k[layer]``, ``v[layer]``: the shapes of ``pool_shapes``)."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, n_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device,
@@ -52,35 +108,36 @@ class PagedKVCache:
         pages, pages become resident as they are first written (training, tests).
         PyTorch's zeros, where there are no huge pages, are written either way."""
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
-        shape = (num_layers, num_blocks, block_size, n_kv_heads, head_dim)
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+        k_shape, v_shape = pool_shapes(num_blocks, block_size, n_kv_heads, head_dim, dtype)
+        k_shape, v_shape = (num_layers,) + k_shape, (num_layers,) + v_shape
         # Zeroed, not empty: padded/masked key slots are still multiplied (by a zero
         # weight), and uninitialized memory may hold NaNs (0 * NaN = NaN).
         # On CPU on huge pages where the OS gives them (hugepages.py: a step reads
         # rows from all over the pool).
         ar = hugepages.arena(device)
         if ar is not None:
-            self.k = ar.zeros(shape, dtype, resident=prefault)
-            self.v = ar.zeros(shape, dtype, resident=prefault)
+            self.k = ar.zeros(k_shape, dtype, resident=prefault)
+            self.v = ar.zeros(v_shape, dtype, resident=prefault)
         else:
-            self.k = torch.zeros(shape, dtype=dtype, device=device)
-            self.v = torch.zeros(shape, dtype=dtype, device=device)
-        # Flat per-layer views: [num_blocks * block_size, n_kv, hd]
-        self.k_flat = [self.k[i].view(-1, n_kv_heads, head_dim) for i in range(num_layers)]
-        self.v_flat = [self.v[i].view(-1, n_kv_heads, head_dim) for i in range(num_layers)]
+            self.k = torch.zeros(k_shape, dtype=dtype, device=device)
+            self.v = torch.zeros(v_shape, dtype=dtype, device=device)
         self._ws: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def workspace(self, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reusable K and V gather buffers of [n_blocks, bs, KV, hd].
+        """Reusable K and V buffers (flat) for the PyTorch paths' gathers of up to
+        ``n_blocks`` blocks: room for the gathered blocks and their arrangement.
 
         Gathering into fresh tensors costs a page fault per 4 KiB every step
         (large allocations are mmapped and returned to the OS), several times
         the copy itself; the buffers only ever grow.
         """
-        if self._ws is None or self._ws[0].shape[0] < n_blocks:
-            shape = (max(n_blocks, 64),) + tuple(self.k.shape[2:])
-            self._ws = (torch.empty(shape, dtype=self.k.dtype, device=self.k.device),
-                        torch.empty(shape, dtype=self.k.dtype, device=self.k.device))
-        return self._ws[0][:n_blocks], self._ws[1][:n_blocks]
+        per_block = self.block_size * self.n_kv_heads * self.head_dim
+        if self._ws is None or self._ws[0].numel() < 2 * n_blocks * per_block:
+            n = 2 * max(n_blocks, 64) * per_block
+            self._ws = (torch.empty(n, dtype=self.k.dtype, device=self.k.device),
+                        torch.empty(n, dtype=self.k.dtype, device=self.k.device))
+        return self._ws
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, n_kv_heads: int, head_dim: int,
@@ -94,7 +151,7 @@ class KeySource:
     """Where one sequence's keys [0, ctx_len) live in the flat pool."""
 
     ctx_len: int
-    lo: int = -1  # contiguous slots [lo, lo + ctx_len) when >= 0 (no gather needed)
+    lo: int = -1  # contiguous blocks [lo, lo + ceil(ctx_len / bs)) when >= 0 (no gather)
     blocks: torch.Tensor | None = None  # [ceil(ctx_len / bs)] block ids otherwise
 
 
@@ -145,8 +202,12 @@ class AttnMetadata:
     positions: torch.Tensor  # [T]
     block_size: int
     gather_blocks: int = 0  # most blocks one attention call gathers (workspace size)
-    ws_k: torch.Tensor | None = None  # [>= gather_blocks, bs, KV, hd], set by the caller
+    # flat buffers of PagedKVCache.workspace(gather_blocks), set by the caller (None:
+    # the PyTorch paths allocate)
+    ws_k: torch.Tensor | None = None
     ws_v: torch.Tensor | None = None
+    # flat element rows this step's K/V are written to, built on the first layer
+    write_rows: tuple[torch.Tensor, torch.Tensor] | None = None
     short: ShortGroup | None = None
     long: list[LongChunk] = field(default_factory=list)
     native: NativeGroup | None = None  # short windows, when the native kernel is used
@@ -166,7 +227,7 @@ def _key_source(block_ids: list[int], ctx_len: int, bs: int, device) -> KeySourc
     nb = -(-ctx_len // bs)
     first = block_ids[0]
     if all(block_ids[i] == first + i for i in range(1, nb)):
-        return KeySource(ctx_len, lo=first * bs)
+        return KeySource(ctx_len, lo=first)
     return KeySource(ctx_len, blocks=torch.tensor(block_ids[:nb], dtype=torch.long, device=device))
 
 
@@ -267,46 +328,89 @@ def _short_group(short, total_rows: int, bs: int, g: int, device) -> ShortGroup:
                       mask.to(device), identity)
 
 
-def _gather(flat: torch.Tensor, blocks: torch.Tensor, bs: int, ws: torch.Tensor) -> torch.Tensor:
-    """Copy whole blocks into the workspace: [n, bs, KV, hd] (index_select is ~10x
-    faster than advanced indexing on CPU)."""
-    kv, hd = flat.shape[1], flat.shape[2]
-    out = ws[:blocks.numel()]
-    return torch.index_select(flat.view(-1, bs, kv, hd), 0, blocks, out=out)
+def _arrange(pool: torch.Tensor, blocks: torch.Tensor | None, lo: int, n: int,
+             ws: torch.Tensor | None) -> torch.Tensor:
+    """Keys or values of ``n`` blocks per sequence, arranged for SDPA: blocks
+    ``[B, n]`` (or ``[n]``, or the contiguous run ``[lo, lo + n)`` when blocks is
+    None) -> ``[B, KV, n * bs, hd]`` (``[KV, n * bs, hd]``). ``pool`` is one
+    layer's key pool (5-D) or value pool (4-D)."""
+    batch = () if blocks is None or blocks.dim() == 1 else (blocks.shape[0],)
+    kvh, bs = pool.shape[1], pool.shape[-2] if pool.dim() == 5 else pool.shape[2]
+    hd = pool.shape[2] * pool.shape[4] if pool.dim() == 5 else pool.shape[3]
+    m = n * (batch[0] if batch else 1)
+    size = m * bs * kvh * hd
+    if blocks is None:
+        sel = pool.narrow(0, lo, n)
+    else:
+        out = None if ws is None else ws[:size].view((m,) + tuple(pool.shape[1:]))
+        sel = torch.index_select(pool, 0, blocks.reshape(-1), out=out)
+    sel = sel.view(batch + (n,) + tuple(pool.shape[1:]))
+    d = len(batch)  # the block axis
+    if pool.dim() == 5:  # [.., n, KV, hd/P, bs, P] -> [.., KV, n, bs, hd/P, P]
+        src = sel.permute(*range(d), d + 1, d, d + 3, d + 2, d + 4)
+    else:  # [.., n, KV, bs, hd] -> [.., KV, n, bs, hd]
+        src = sel.transpose(d, d + 1)
+    shape = batch + (kvh, n * bs, hd)
+    if ws is None:
+        return src.reshape(shape)
+    dst = ws[size:2 * size].view(src.shape)
+    dst.copy_(src)
+    return dst.view(shape)
 
 
-def _keys(flat: torch.Tensor, src: KeySource, bs: int, ws: torch.Tensor) -> torch.Tensor:
-    """[ctx_len, n_kv, hd] keys or values of one sequence."""
-    if src.blocks is None:
-        return flat[src.lo:src.lo + src.ctx_len]
-    kv, hd = flat.shape[1], flat.shape[2]
-    return _gather(flat, src.blocks, bs, ws).view(-1, kv, hd)[:src.ctx_len]
+def _keys(pool: torch.Tensor, src: KeySource, ws: torch.Tensor | None) -> torch.Tensor:
+    """[KV, ctx_len, hd] keys or values of one sequence."""
+    bs = pool.shape[3] if pool.dim() == 5 else pool.shape[2]
+    n = -(-src.ctx_len // bs)
+    return _arrange(pool, src.blocks, src.lo, n, ws)[:, :src.ctx_len]
+
+
+def _write_rows(meta: AttnMetadata, k_pool: torch.Tensor, v_pool: torch.Tensor):
+    """Rows of the flat pools (keys ``[-1, P]``, values ``[-1, hd]``) that this
+    step's K/V go to: one per (row, KV head, dimension group) and (row, KV head)."""
+    _, kvh, hp, bs, _ = k_pool.shape
+    blk, off = meta.slots // bs, meta.slots % bs
+    head = (blk[:, None] * kvh + torch.arange(kvh, device=blk.device))  # [T, KV]
+    v_rows = head * bs + off[:, None]
+    k_rows = (head[:, :, None] * hp + torch.arange(hp, device=blk.device)) * bs + off[:, None, None]
+    return k_rows.reshape(-1), v_rows.reshape(-1)
+
+
+def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k_new: torch.Tensor,
+             v_new: torch.Tensor, meta: AttnMetadata) -> None:
+    """Write this step's K/V ``[T, KV, hd]`` into one layer's pools at meta.slots."""
+    if meta.write_rows is None:
+        meta.write_rows = _write_rows(meta, k_pool, v_pool)
+    k_rows, v_rows = meta.write_rows
+    p, hd = k_pool.shape[4], v_pool.shape[3]
+    k_pool.view(-1, p).index_copy_(0, k_rows, k_new.reshape(-1, p))
+    v_pool.view(-1, hd).index_copy_(0, v_rows, v_new.reshape(-1, hd))
 
 
 def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                    k_flat: torch.Tensor, v_flat: torch.Tensor,
+                    k_pool: torch.Tensor, v_pool: torch.Tensor,
                     meta: AttnMetadata) -> torch.Tensor:
     """Write this step's K/V into the pool, then attend.
 
-    q: [T, H, hd]; k_new, v_new: [T, KV, hd]; k_flat, v_flat: [slots, KV, hd].
-    Returns [T, H*hd].
+    q: [T, H, hd]; k_new, v_new: [T, KV, hd]; k_pool, v_pool: one layer's pools
+    (``pool_shapes``). Returns [T, H*hd].
     """
-    k_flat.index_copy_(0, meta.slots, k_new)
-    v_flat.index_copy_(0, meta.slots, v_new)
+    write_kv(k_pool, v_pool, k_new, v_new, meta)
     t, n_heads, hd = q.shape
-    n_kv, bs = k_new.shape[1], meta.block_size
+    n_kv = k_new.shape[1]
     g = n_heads // n_kv
     sg = meta.short
-    if meta.decode1:  # batch-1 decode: no mask, no padding (views when contiguous)
+    ws_k, ws_v = meta.ws_k, meta.ws_v
+    if meta.decode1:  # batch-1 decode: no mask, no padding
         # 4-D inputs: 3-D ones fall back to the slow math kernel on CPU
-        k = _keys(k_flat, sg.single, bs, meta.ws_k).transpose(0, 1)[None]  # [1, KV, L, hd]
-        v = _keys(v_flat, sg.single, bs, meta.ws_v).transpose(0, 1)[None]
+        k = _keys(k_pool, sg.single, ws_k)[None]  # [1, KV, L, hd]
+        v = _keys(v_pool, sg.single, ws_v)[None]
         o = F.scaled_dot_product_attention(q.reshape(1, n_kv, g, hd), k, v)  # [1, KV, G, hd]
         return o.reshape(1, n_heads * hd)
     out = torch.empty(t, n_heads, hd, dtype=q.dtype, device=q.device)
     if meta.native is not None:
         ng = meta.native
-        ng.ext.paged_short_attention(q.contiguous(), k_flat, v_flat, ng.info, ng.tables, bs,
+        ng.ext.paged_short_attention(q.contiguous(), k_pool, v_pool, ng.info, ng.tables,
                                      1.0 / math.sqrt(hd), out)
     if sg is not None:
         b, qn = sg.b, sg.q
@@ -314,13 +418,12 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         # fold the G query heads of each KV head into the query dim: [B, KV, G*Q, hd]
         qs = qs.reshape(b, qn, n_kv, g, hd).permute(0, 2, 3, 1, 4).reshape(b, n_kv, g * qn, hd)
         if sg.single is not None:
-            k = _keys(k_flat, sg.single, bs, meta.ws_k).transpose(0, 1)[None]  # [1, KV, L, hd]
-            v = _keys(v_flat, sg.single, bs, meta.ws_v).transpose(0, 1)[None]
+            k = _keys(k_pool, sg.single, ws_k)[None]  # [1, KV, L, hd]
+            v = _keys(v_pool, sg.single, ws_v)[None]
         else:
-            nb, flat_idx = sg.gather.shape[1], sg.gather.view(-1)
-            k = _gather(k_flat, flat_idx, bs, meta.ws_k).view(b, nb * bs, n_kv, hd)
-            v = _gather(v_flat, flat_idx, bs, meta.ws_v).view(b, nb * bs, n_kv, hd)
-            k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, KV, nb*bs, hd]
+            nb = sg.gather.shape[1]
+            k = _arrange(k_pool, sg.gather, -1, nb, ws_k)  # [B, KV, nb*bs, hd]
+            v = _arrange(v_pool, sg.gather, -1, nb, ws_v)
         o = F.scaled_dot_product_attention(qs, k, v, attn_mask=sg.mask)  # [B, KV, G*Q, hd]
         o = o.view(b, n_kv, g, qn, hd).permute(0, 3, 1, 2, 4).reshape(b * qn, n_heads, hd)
         if sg.identity:
@@ -330,8 +433,8 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     for ch in meta.long:
         if ch.fold:  # [1, KV, G*n, hd] against un-repeated K/V
             qc = q[ch.row0:ch.row0 + ch.n].reshape(ch.n, n_kv, g, hd).permute(1, 2, 0, 3)
-            k = _keys(k_flat, ch.keys, bs, meta.ws_k).transpose(0, 1)[None]  # [1, KV, L, hd]
-            v = _keys(v_flat, ch.keys, bs, meta.ws_v).transpose(0, 1)[None]
+            k = _keys(k_pool, ch.keys, ws_k)[None]  # [1, KV, L, hd]
+            v = _keys(v_pool, ch.keys, ws_v)[None]
             o = F.scaled_dot_product_attention(qc.reshape(1, n_kv, g * ch.n, hd), k, v,
                                                attn_mask=ch.mask)  # [1, KV, G*n, hd]
             out[ch.row0:ch.row0 + ch.n] = o.view(n_kv, g, ch.n, hd).permute(2, 0, 1, 3).reshape(
@@ -339,13 +442,12 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
             continue
         qc = q[ch.row0:ch.row0 + ch.n].transpose(0, 1).unsqueeze(0)  # [1, H, n, hd]
         if ch.start == 0:  # whole context is this chunk: plain causal attention
-            k = k_new[ch.row0:ch.row0 + ch.n]
-            v = v_new[ch.row0:ch.row0 + ch.n]
+            k = k_new[ch.row0:ch.row0 + ch.n].transpose(0, 1)  # [KV, L, hd]
+            v = v_new[ch.row0:ch.row0 + ch.n].transpose(0, 1)
         else:
-            k = _keys(k_flat, ch.keys, bs, meta.ws_k)  # [L, KV, hd]
-            v = _keys(v_flat, ch.keys, bs, meta.ws_v)
-        k = k.transpose(0, 1).unsqueeze(0)  # [1, KV, L, hd]
-        v = v.transpose(0, 1).unsqueeze(0)
+            k = _keys(k_pool, ch.keys, ws_k)  # [KV, L, hd]
+            v = _keys(v_pool, ch.keys, ws_v)
+        k, v = k.unsqueeze(0), v.unsqueeze(0)  # [1, KV, L, hd]
         if g > 1:
             k = k.repeat_interleave(g, dim=1)
             v = v.repeat_interleave(g, dim=1)

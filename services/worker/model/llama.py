@@ -264,7 +264,7 @@ class Llama(torch.nn.Module):
                 # RoPE (rotate-half layout): roll swaps the halves, sin_signed has -sin first
                 qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
             v = qkv[:, qk_dim:].view(t, kvh, hd)
-            o = paged_attention(qk[:, :h], qk[:, h:], v, kv.k_flat[i], kv.v_flat[i], meta)
+            o = paged_attention(qk[:, :h], qk[:, h:], v, kv.k[i], kv.v[i], meta)
             x = x + lin(o, w["wo"])  # o: [T, H*hd]
             x = x + lin(silu_mul(lin(norm(x, w["ln2"], eps), w["w13"])), w["w2"])  # SwiGLU
             if i in tap_slot:

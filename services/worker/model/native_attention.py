@@ -141,20 +141,18 @@ def main() -> int:
         print(f"native kernels: unavailable ({unavailable_reason()}); "
               "workers will use the PyTorch path", file=sys.stderr)
         return 0 if os.environ.get("DSPARK_REQUIRE_NATIVE") != "1" else 1
-    from .kv_cache import build_metadata, paged_attention
+    from .kv_cache import build_metadata, pack_keys, pack_values, paged_attention
 
     g = torch.Generator().manual_seed(0)
     bs, kvh, hd, h = 16, 2, 32, 4
-    k = torch.randn(64 * bs, kvh, hd, generator=g)
-    v = torch.randn(64 * bs, kvh, hd, generator=g)
+    k = pack_keys(torch.randn(64 * bs, kvh, hd, generator=g), bs)
+    v = pack_values(torch.randn(64 * bs, kvh, hd, generator=g), bs)
     seqs = [(40, 1, list(range(8, 16))), (17, 3, [30, 2, 5])]
     q = torch.randn(4, h, hd, generator=g)
     kn, vn = torch.randn(4, kvh, hd, generator=g), torch.randn(4, kvh, hd, generator=g)
 
     def attend(native):
         meta = build_metadata(seqs, bs, h // kvh, torch.device("cpu"), native=native)
-        ws = (meta.gather_blocks, bs, kvh, hd)
-        meta.ws_k, meta.ws_v = torch.empty(ws), torch.empty(ws)
         return paged_attention(q, kn, vn, k.clone(), v.clone(), meta)
 
     ref, got = attend(None), attend(ext)

@@ -47,19 +47,19 @@ inline fv loadv(const float* p) {
 inline void storev(float* p, fv v) { std::memcpy(p, &v, sizeof(v)); }
 
 // Scores of R query vectors (stride hd) against one tile of kW keys stored
-// transposed, kT[d * kW + u] = key u's dimension d: for each d, one broadcast of
+// transposed, kT[d * kstride + u] = key u's dimension d: for each d, one broadcast of
 // q[d] times the kW keys' values, so lane u of s[i] is query i's dot product
 // with key u, summed over d in order (no horizontal sums; every query the same
 // way whatever R is).
 template <int R>
 inline void score_tile(const float* q, int64_t hd, const float* kT, float sc, float* out,
-                       int64_t out_stride) {
+                       int64_t out_stride, int64_t kstride = kW) {
   fv s[R][kP];
   for (int i = 0; i < R; ++i)
     for (int c = 0; c < kP; ++c) s[i][c] = fv{};
   for (int64_t d = 0; d < hd; ++d) {
     fv k[kP];
-    for (int c = 0; c < kP; ++c) k[c] = loadv(kT + d * kW + c * kV);
+    for (int c = 0; c < kP; ++c) k[c] = loadv(kT + d * kstride + c * kV);
     for (int i = 0; i < R; ++i) {
       const float qd = q[i * hd + d];
       for (int c = 0; c < kP; ++c) s[i][c] += qd * k[c];

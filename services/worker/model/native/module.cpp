@@ -4,9 +4,9 @@
 
 #include <vector>
 
-void paged_short_attention(torch::Tensor q, torch::Tensor k_flat, torch::Tensor v_flat,
-                           torch::Tensor seqs, torch::Tensor tables, int64_t block_size,
-                           double scale, torch::Tensor out);
+void paged_short_attention(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
+                           torch::Tensor seqs, torch::Tensor tables, double scale,
+                           torch::Tensor out);
 torch::Tensor drafter_attention(torch::Tensor q, torch::Tensor kc, torch::Tensor vc,
                                 torch::Tensor kb, torch::Tensor vb, torch::Tensor valid,
                                 double scale);
