@@ -192,6 +192,30 @@ inline fv exp_nonpositive(fv x) {
   return (fv)((iv)(p * scale) & keep);
 }
 
+// Scores [m, padded] (padded a multiple of kV) -> exp(score - the row's max)
+// over the keys row r sees, [0, seen(r)), and exactly 0 past them; denom[r]
+// the row's sum (normalised later, on the accumulated values).
+template <typename Seen>
+inline void softmax_rows(float* scores, int64_t m, int64_t padded, const Seen& seen,
+                         std::vector<float>& denom) {
+  denom.resize(m);
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t n_seen = seen(r);
+    float* sr = scores + r * padded;
+    const float mx = *std::max_element(sr, sr + n_seen);
+    for (int64_t t = n_seen; t < padded; ++t) sr[t] = -1e30f;  // -> exp = 0
+    fv sum = {};
+    for (int64_t t = 0; t < padded; t += kV) {
+      const fv e = exp_nonpositive(loadv(sr + t) - mx);
+      storev(sr + t, e);
+      sum += e;
+    }
+    float total = 0.f;
+    for (int l = 0; l < kV; ++l) total += sum[l];
+    denom[r] = total;
+  }
+}
+
 // A task's scratch, reused across the tasks of one thread.
 struct TaskScratch {
   std::vector<float> scores, acc, denom, ktile, krows, vtile;
@@ -234,22 +258,7 @@ void attend_task(const float* qf, int64_t m, int64_t hd, int64_t n_keys, const K
       score_tile<1>(qf + r * hd, hd, s.ktile.data(), sc, s.scores.data() + r * padded + t0,
                     padded);
   }
-  s.denom.resize(m);
-  for (int64_t r = 0; r < m; ++r) {
-    const int64_t n_seen = seen(r);
-    float* sr = s.scores.data() + r * padded;
-    const float mx = *std::max_element(sr, sr + n_seen);
-    for (int64_t t = n_seen; t < padded; ++t) sr[t] = -1e30f;  // -> exp = 0
-    fv sum = {};
-    for (int64_t t = 0; t < padded; t += kV) {
-      const fv e = exp_nonpositive(loadv(sr + t) - mx);
-      storev(sr + t, e);
-      sum += e;
-    }
-    float total = 0.f;
-    for (int l = 0; l < kV; ++l) total += sum[l];
-    s.denom[r] = total;
-  }
+  softmax_rows(s.scores.data(), m, padded, seen, s.denom);
   s.acc.assign(m * hd, 0.f);
   for (int64_t t0 = 0; t0 < n_keys; t0 += kW) {
     const int64_t nt = std::min<int64_t>(kW, n_keys - t0);

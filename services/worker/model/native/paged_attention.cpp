@@ -206,22 +206,9 @@ void run(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tenso
           score_floats_any(qf.data(), m, hd, ftile.data(), kW, sc, s, padded);
         }
       }
-      denom.resize(m);
-      for (int64_t r = 0; r < m; ++r) {
-        const int64_t n_seen = start + r / g + 1;  // row i: keys [0, start + i]
-        float* sr = scores.data() + r * padded;
-        const float mx = *std::max_element(sr, sr + n_seen);
-        for (int64_t t = n_seen; t < padded; ++t) sr[t] = -1e30f;  // -> exp = 0
-        fv sum = {};
-        for (int64_t t = 0; t < padded; t += kV) {
-          const fv e = exp_nonpositive(loadv(sr + t) - mx);
-          storev(sr + t, e);
-          sum += e;
-        }
-        float total = 0.f;
-        for (int l = 0; l < kV; ++l) total += sum[l];
-        denom[r] = total;
-      }
+      // row i sees keys [0, start + i]
+      softmax_rows(scores.data(), m, padded, [&](int64_t r) { return start + r / g + 1; },
+                   denom);
       acc.assign(m * hd, 0.f);
       vtile.resize(kW * hd);
       for (int64_t t0 = 0; t0 < n_keys; t0 += kW) {
