@@ -328,6 +328,13 @@ def _short_group(short, total_rows: int, bs: int, g: int, device) -> ShortGroup:
                       mask.to(device), identity)
 
 
+def _pool_dims(pool: torch.Tensor) -> tuple[int, int, int]:
+    """(KV heads, block size, head dim) of one layer's key pool (5-D) or value pool (4-D)."""
+    if pool.dim() == 5:
+        return pool.shape[1], pool.shape[3], pool.shape[2] * pool.shape[4]
+    return pool.shape[1], pool.shape[2], pool.shape[3]
+
+
 def _arrange(pool: torch.Tensor, blocks: torch.Tensor | None, lo: int, n: int,
              ws: torch.Tensor | None) -> torch.Tensor:
     """Keys or values of ``n`` blocks per sequence, arranged for SDPA: blocks
@@ -335,8 +342,7 @@ def _arrange(pool: torch.Tensor, blocks: torch.Tensor | None, lo: int, n: int,
     None) -> ``[B, KV, n * bs, hd]`` (``[KV, n * bs, hd]``). ``pool`` is one
     layer's key pool (5-D) or value pool (4-D)."""
     batch = () if blocks is None or blocks.dim() == 1 else (blocks.shape[0],)
-    kvh, bs = pool.shape[1], pool.shape[-2] if pool.dim() == 5 else pool.shape[2]
-    hd = pool.shape[2] * pool.shape[4] if pool.dim() == 5 else pool.shape[3]
+    kvh, bs, hd = _pool_dims(pool)
     m = n * (batch[0] if batch else 1)
     size = m * bs * kvh * hd
     if blocks is None:
@@ -360,12 +366,11 @@ def _arrange(pool: torch.Tensor, blocks: torch.Tensor | None, lo: int, n: int,
 
 def _keys(pool: torch.Tensor, src: KeySource, ws: torch.Tensor | None) -> torch.Tensor:
     """[KV, ctx_len, hd] keys or values of one sequence."""
-    bs = pool.shape[3] if pool.dim() == 5 else pool.shape[2]
-    n = -(-src.ctx_len // bs)
+    n = -(-src.ctx_len // _pool_dims(pool)[1])
     return _arrange(pool, src.blocks, src.lo, n, ws)[:, :src.ctx_len]
 
 
-def _write_rows(meta: AttnMetadata, k_pool: torch.Tensor, v_pool: torch.Tensor):
+def _write_rows(meta: AttnMetadata, k_pool: torch.Tensor):
     """Rows of the flat pools (keys ``[-1, P]``, values ``[-1, hd]``) that this
     step's K/V go to: one per (row, KV head, dimension group) and (row, KV head)."""
     _, kvh, hp, bs, _ = k_pool.shape
@@ -380,7 +385,7 @@ def write_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, k_new: torch.Tensor,
              v_new: torch.Tensor, meta: AttnMetadata) -> None:
     """Write this step's K/V ``[T, KV, hd]`` into one layer's pools at meta.slots."""
     if meta.write_rows is None:
-        meta.write_rows = _write_rows(meta, k_pool, v_pool)
+        meta.write_rows = _write_rows(meta, k_pool)
     k_rows, v_rows = meta.write_rows
     p, hd = k_pool.shape[4], v_pool.shape[3]
     k_pool.view(-1, p).index_copy_(0, k_rows, k_new.reshape(-1, p))

@@ -128,7 +128,8 @@ void run(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tenso
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t q_row = n_heads * hd, head_elems = hd * bs;  // one block of one KV head
   const float sc = static_cast<float>(scale);
-  const bool pairs = P == 2;  // bf16 (kv_cache.key_pair)
+  // bf16 keys are stored in dimension pairs (P = 2, checked by the caller)
+  constexpr bool pairs = std::is_same_v<T, c10::BFloat16>;
   // a 16-key tile lies within one block: read in place, else assembled
   const bool in_place = bs % kW == 0;
   const int64_t tile_stride = in_place ? bs * P : kW * P;  // elements between dimension groups
@@ -178,7 +179,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tenso
         const T* k = khead(t0) + (t0 % bs) * P;
         for (int64_t i = 0; i < hp; ++i) prefetch_bytes(k + i * tile_stride, kW * P * sizeof(T));
       };
-      if (pairs) {  // the query rows as dimension-pair words (bf16: as they are)
+      if constexpr (pairs) {  // the query rows as dimension-pair words (bf16: as they are)
         qw.resize(m * hp);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t h = 0; h < g; ++h)
@@ -195,7 +196,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tenso
         prefetch_keys(t0 + kW);
         const T* kt = key_tile(t0);
         float* s = scores.data() + t0;
-        if (pairs) {
+        if constexpr (pairs) {
           score_pairs_any(qw.data(), m, hp, reinterpret_cast<const uint16_t*>(kt), tile_stride, sc,
                           s, padded);
         } else if constexpr (std::is_same_v<T, float>) {
@@ -215,23 +216,12 @@ void run(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tenso
         const int64_t nt = std::min<int64_t>(kW, n_keys - t0);
         if (t0 + kW < n_keys && in_place)
           prefetch_bytes(vrow(t0 + kW), std::min<int64_t>(kW, n_keys - t0 - kW) * hd * sizeof(T));
-        const float* vt;
+        const float* vt = vtile.data();
         if constexpr (std::is_same_v<T, float>) {
-          if (in_place) {
-            vt = vrow(t0);  // the tile's rows are contiguous in their block
-          } else {
-            for (int64_t u = 0; u < nt; ++u)
-              std::memcpy(vtile.data() + u * hd, vrow(t0 + u), hd * sizeof(float));
-            vt = vtile.data();
-          }
-        } else {
-          if (in_place) {
-            to_float(vrow(t0), vtile.data(), nt * hd);
-          } else {
-            for (int64_t u = 0; u < nt; ++u) to_float(vrow(t0 + u), vtile.data() + u * hd, hd);
-          }
-          vt = vtile.data();
+          if (in_place) vt = vrow(t0);  // the tile's rows, contiguous in their block
         }
+        if (vt == vtile.data())  // in fp32 (the other types: converted)
+          for (int64_t u = 0; u < nt; ++u) to_float(vrow(t0 + u), vtile.data() + u * hd, hd);
         for (int64_t r = 0; r < m; ++r)
           value_tile_any(scores.data() + r * padded + t0, vt, nt, acc.data() + r * hd, hd);
       }
