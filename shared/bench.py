@@ -151,7 +151,8 @@ def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
         for i, (name, k, verify) in enumerate(variants):
             port = args.port + 20 * i
             wargs = ["--dtype", args.dtype, "--attention", args.attention,
-                     "--linear", args.linear] + _spec_flag(k, verify)
+                     "--linear", args.linear,
+                     "--gguf-weights", args.gguf_weights] + _spec_flag(k, verify)
             if k and args.drafter:
                 wargs += ["--drafter", args.drafter]
             async_ = colocated_async_default("cpu")  # what `dspark serve` runs
@@ -265,6 +266,34 @@ def read_bandwidth_gbs() -> float:
     return best / 1e9
 
 
+def gguf_blocks_file(model_dir: Path) -> Path | None:
+    from dspark.worker.model.gguf_blocks import GGUF_BLOCKS
+
+    p = Path(model_dir) / GGUF_BLOCKS
+    return p if p.is_file() else None
+
+
+def weight_bytes_read(model_dir: Path, dense_bytes: int, gguf: bool) -> int:
+    """Bytes of weights a decode step reads: the dense weights, or with GGUF
+    blocks those matrices' packed bytes (native_linear.pack_gguf) instead of
+    their float32 ones."""
+    path = gguf_blocks_file(model_dir)
+    if not gguf or path is None:
+        return dense_bytes
+    from safetensors import safe_open
+
+    from dspark.worker.model.native_linear import GGUF_KINDS, gguf_kind, packed_gguf_bytes
+
+    with safe_open(str(path), framework="pt") as f:
+        types = json.loads((f.metadata() or {}).get("gguf_types", "{}"))
+        for name in f.keys():
+            n, width = f.get_slice(name).get_shape()
+            kind = gguf_kind(types[name])
+            k = width // GGUF_KINDS[kind][1] * 32
+            dense_bytes += packed_gguf_bytes(n, k, kind) - n * k * 4
+    return dense_bytes
+
+
 def _resolved_dtype(dtype: str) -> str:
     if dtype != "auto":
         return dtype
@@ -347,16 +376,22 @@ def main(args) -> int:
 
         args.linear = "native" if native_linear.resolve(
             "auto", torch.device("cpu"), getattr(torch, dtype)) is not None else "torch"
+    mdir = Path(model_dir or default_model_dir())
+    if args.gguf_weights == "auto":  # what the workers will resolve it to
+        args.gguf_weights = "on" if dtype == "float32" and args.linear == "native" and \
+            gguf_blocks_file(mdir) is not None else "off"
     log_dir = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
-    print(f"bench: {dtype}, {args.attention} attention, {args.linear} linear, "
+    print(f"bench: {dtype}, {args.attention} attention, {args.linear} linear"
+          f"{' from GGUF blocks' if args.gguf_weights == 'on' else ''}, "
           f"{args.max_tokens} new tokens per "
           f"request, logs in {log_dir}", file=sys.stderr)
-    hf = HFBaseline(Path(model_dir or default_model_dir()), dtype)
+    hf = HFBaseline(mdir, dtype)
     services = bench_services(prompts, args, log_dir, hf)
     hf_rate = services.pop("hf_batch1_tokens_per_s")
     bw = read_bandwidth_gbs()
     k0, k7, k7c = services["k0"], services.get("k7"), services.get("k7c")
-    frac = hf.weight_bytes * k0["batch1_tokens_per_s"] / (bw * 1e9)
+    read_bytes = weight_bytes_read(mdir, hf.weight_bytes, args.gguf_weights == "on")
+    frac = read_bytes * k0["batch1_tokens_per_s"] / (bw * 1e9)
     result = {
         "dtype": dtype, "attention": args.attention, "linear": args.linear,
         "max_tokens": args.max_tokens,
@@ -366,6 +401,8 @@ def main(args) -> int:
         "bandwidth_fraction": frac,
         "read_bandwidth_gb_s": bw,
         "weight_bytes": hf.weight_bytes,
+        "gguf_weights": args.gguf_weights,
+        "weight_bytes_read": read_bytes,
     }
     print(f"\n{'':34s}{'tokens/s':>10s}")
     print(f"{'transformers generate(), batch 1':34s}{hf_rate:10.1f}")
@@ -403,7 +440,9 @@ def main(args) -> int:
                         f"tokens per step, {k7c.get(f'conc{c}_unverified_steps', 0)} without "
                         "drafts" for c in (8, 32)))
     print(f"bandwidth (K=0): {frac:.1%} of {bw:.1f} GB/s measured read bandwidth "
-          f"({hf.weight_bytes / 1e6:.0f} MB weights per token)")
+          f"({read_bytes / 1e6:.0f} MB weights read per token"
+          + (f", GGUF blocks; {hf.weight_bytes / 1e6:.0f} MB dense)" if read_bytes !=
+             hf.weight_bytes else ")"))
     for name, r in names:
         if r is not None:
             print(f"worker peak RSS ({name}): {r['worker_peak_rss_mib']:.0f} MiB")

@@ -301,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--linear", default="auto", choices=("auto", "native", "torch"),
                    help="the workers' CPU linear layers, fp32 or bf16 on AVX512-BF16 "
                         "(default: native where built)")
+    b.add_argument("--gguf-weights", default="auto", choices=("auto", "on", "off"),
+                   help="the workers' fp32 linear from the model's GGUF blocks (default: "
+                        "where the native fp32 linear runs and the model has them)")
     b.add_argument("--memory-check", action=argparse.BooleanOptionalAction, default=True,
                    help="also run 32 concurrent ~2k-token requests and report peak RSS")
     b.set_defaults(fn=cmd_bench)

@@ -219,6 +219,12 @@ class WorkerConfig(ServerOpsConfig):
     # when it is available, else oneDNN's packed weights; "native" = the kernel
     # or a start-up error; "torch" = oneDNN (F.linear where oneDNN is missing).
     linear: str = "auto"
+    # matrices stored as GGUF blocks (the default model's Q4_1 / Q8_0, kept by its
+    # conversion): "auto" = the native fp32 linear computes from the blocks where
+    # it runs and the model has them (the same values as the dense fp32 weights,
+    # ~1/5 of the bytes a step reads); "on" = that or a start-up error; "off" =
+    # the dense weights
+    gguf_weights: str = "auto"
     # "auto": K = 7 with the shipped drafter when serving the default model and it
     # is present (verify: AUTO_VERIFY_POLICY), else no speculation; or JSON
     # {"method": "dspark", "num_speculative_tokens": K[, "verify": "fixed" |
@@ -253,6 +259,8 @@ class WorkerConfig(ServerOpsConfig):
                "one of auto, native, torch")
         _check(self.linear in ("auto", "native", "torch"), "linear", self.linear,
                "one of auto, native, torch")
+        _check(self.gguf_weights in ("auto", "on", "off"), "gguf_weights", self.gguf_weights,
+               "one of auto, on, off")
         self.tap_layer_ids = tuple(int(x) for x in self.tap_layer_ids)
         super().__post_init__()  # metrics, drain, TLS
 

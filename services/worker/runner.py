@@ -126,7 +126,8 @@ class ModelRunner:
         self.native_linear = native_linear.resolve(config.linear, self.device, self.dtype)
         self.model: Llama = load_llama(self.model_dir, self.dtype, self.device,
                                        self.max_model_len, pack=True,
-                                       rows_linear=self.native_linear)
+                                       rows_linear=self.native_linear,
+                                       gguf_weights=config.gguf_weights)
         # the native short-window attention kernel (None: the PyTorch path)
         self.native_attention = native_attention.resolve(config.attention, self.device,
                                                          self.model.args.head_dim)

@@ -110,7 +110,8 @@ async def serve(config: WorkerConfig) -> None:
              kv_blocks=info.num_kv_blocks, block_size=info.block_size,
              max_model_len=info.max_model_len,
              attention="native" if runner.native_attention is not None else "torch",
-             linear="native" if runner.native_linear is not None else "torch")
+             linear="native" if runner.native_linear is not None else "torch",
+             gguf_matrices=runner.model.gguf_matrices)
     metrics.kv_blocks_total.set(info.num_kv_blocks)
     await svc.set_ready(True)
     await svc.run_until_stopped(grace_s=config.drain_timeout, on_drain=servicer.drain)

@@ -422,10 +422,10 @@ class DSparkDrafter(torch.nn.Module):
         self._target_packing = llama.packing
         if self.draft_vocab is None or llama.packing is None:
             return self.bind_target(llama.embed, llama.lm_head, llama.linear)
-        # packed CPU head: take the draft rows of the plain matrix, repack
-        plain = llama.lm_head_plain
-        rows = plain[self.draft_vocab.to(plain.device)].contiguous()
-        return self.bind_target(llama.embed, llama.packing[0](rows), llama.linear)
+        # packed CPU head: take the draft rows (of the plain matrix, or of its GGUF
+        # blocks where the target computes from those), repack
+        return self.bind_target(llama.embed, llama.pack_head_rows(self.draft_vocab),
+                                llama.linear)
 
     @torch.no_grad()
     def pack_for_inference(self, packing: tuple[Callable, Callable] | None = None) -> bool:

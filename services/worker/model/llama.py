@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .gguf_blocks import gguf_blocks
 from .kv_cache import AttnMetadata, PagedKVCache, paged_attention
 
 
@@ -165,7 +166,8 @@ class Llama(torch.nn.Module):
     """Weights + a functional forward. Fused: wqkv [(H+2KV)*hd, d], w13 [2I, d]."""
 
     def __init__(self, args: LlamaArgs, weights: dict[str, torch.Tensor], max_len: int,
-                 pack: bool = False, rows_linear=None):
+                 pack: bool = False, rows_linear=None,
+                 gguf: dict[str, tuple[torch.Tensor, int]] | None = None):
         super().__init__()
         self.args = args
         a = args
@@ -209,12 +211,27 @@ class Llama(torch.nn.Module):
                 # Keep the plain bf16 matrices (+1x the layer weights in memory)
                 # for prefill chunks, computed in fp32; decode uses the packed ones.
                 self.wide_layers = [dict(w) for w in self.layers]
+        # gguf: the matrices' GGUF blocks (load_llama), which the native fp32 linear
+        # computes from instead of the dense copy: the same values, ~1/5 the bytes
+        self.gguf_matrices = 0
+        # the head's blocks, for row subsets of it (pack_head_rows: a drafter's head)
+        self.gguf_head: tuple[torch.Tensor, int] | None = None
         if self.packing is not None:
             pack_fn, self.linear = self.packing
-            for w in self.layers:
+            gguf = gguf if gguf and self.packing[1] is rows_linear and \
+                hasattr(rows_linear, "pack_gguf") else {}
+
+            def pack_one(key: str, dense: torch.Tensor):
+                if key in gguf:
+                    self.gguf_matrices += 1
+                    return rows_linear.pack_gguf(*gguf[key])
+                return pack_fn(dense)
+
+            for i, w in enumerate(self.layers):
                 for k in ("wqkv", "wo", "w13", "w2"):
-                    w[k] = pack_fn(w[k])
-            self.lm_head = pack_fn(self.lm_head)  # a packed copy when tied
+                    w[k] = pack_one(f"{i}.{k}", w[k])
+            self.lm_head = pack_one("lm_head", self.lm_head)  # a packed copy when tied
+            self.gguf_head = gguf.get("lm_head")
         # RoPE tables in float32 like HF, cast to the model dtype: [max_len, hd]
         pos = torch.arange(max_len, dtype=torch.float32)
         freqs = torch.outer(pos, rope_inv_freq(a))  # [max_len, hd/2]
@@ -228,6 +245,16 @@ class Llama(torch.nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.dtype
+
+    def pack_head_rows(self, ids: torch.Tensor):
+        """The LM head's rows ``ids`` packed for ``self.linear`` (serving only): from
+        the head's GGUF blocks when the model computes from them (the same values,
+        ~1/4 of the bytes), else from the plain matrix."""
+        if self.gguf_head is not None:
+            raw, kind = self.gguf_head
+            return self.packing[1].pack_gguf(raw[ids.to(raw.device)].contiguous(), kind)
+        plain = self.lm_head_plain
+        return self.packing[0](plain[ids.to(plain.device)].contiguous())
 
     def forward(self, tokens: torch.Tensor, meta: AttnMetadata, kv: PagedKVCache,
                 logit_rows: torch.Tensor | None, tap_layers: tuple[int, ...] = (),
@@ -279,11 +306,17 @@ class Llama(torch.nn.Module):
 
 
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device,
-               max_len: int, pack: bool = False, rows_linear=None) -> Llama:
+               max_len: int, pack: bool = False, rows_linear=None,
+               gguf_weights: str = "off") -> Llama:
     """Load an HF-format Llama checkpoint (config.json + *.safetensors, sharded or not).
 
     pack: serving layout for the linears (``Llama``); rows_linear: the native
-    fp32 linear (``native_linear.resolve``) to pack for, or None for oneDNN."""
+    fp32 linear (``native_linear.resolve``) to pack for, or None for oneDNN.
+    gguf_weights (``WorkerConfig.gguf_weights``): "auto" computes the matrices
+    that have GGUF blocks beside the weights (``gguf_blocks.GGUF_BLOCKS``) from those
+    blocks where the native fp32 linear packs them; "on" requires it; "off"
+    packs the dense weights. The blocks are checked against the dense weights
+    (a stale blocks file is an error, not a different model)."""
     from safetensors import safe_open
 
     model_dir = Path(model_dir)
@@ -328,4 +361,5 @@ def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device,
                                    take(p + "mlp.up_proj.weight")])
         w[f"{i}.w2"] = take(p + "mlp.down_proj.weight")
     w = {k: v.to(device).contiguous() for k, v in w.items()}
-    return Llama(args, w, max_len, pack=pack, rows_linear=rows_linear)
+    gguf = gguf_blocks(model_dir, args, w, dtype, device, pack, rows_linear, gguf_weights)
+    return Llama(args, w, max_len, pack=pack, rows_linear=rows_linear, gguf=gguf)

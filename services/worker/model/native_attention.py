@@ -39,9 +39,10 @@ import torch
 
 _DIR = Path(__file__).resolve().parent / "native"
 SOURCES = tuple(_DIR / f for f in ("module.cpp", "paged_attention.cpp", "drafter_attention.cpp",
-                                    "linear_rows.cpp", "linear_bf16.cpp", "row_ops.cpp",
-                                    "markov.cpp", "top_kp.cpp"))
-HEADERS = (_DIR / "vec_exp.h", _DIR / "linear_units.h", _DIR / "attention_tiles.h")  # included: part of the build key
+                                    "linear_rows.cpp", "linear_gguf.cpp", "linear_bf16.cpp",
+                                    "row_ops.cpp", "markov.cpp", "top_kp.cpp"))
+HEADERS = (_DIR / "vec_exp.h", _DIR / "linear_units.h", _DIR / "linear_rows_kernels.h",
+           _DIR / "attention_tiles.h")  # included: part of the build key
 NAME = "dspark_native"
 BACKENDS = ("auto", "native", "torch")
 

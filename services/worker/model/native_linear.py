@@ -60,6 +60,104 @@ class RowsWeight(NamedTuple):
         return self.n, self.wp.shape[1] * (2 if self.wp.dim() == 4 else 1)
 
 
+class GgufWeight(NamedTuple):
+    """A weight [n, k] kept as its GGUF blocks, packed for ``linear_gguf``
+    (``native/linear_gguf.cpp``): qp [ceil(n / 16), k / 32 * block bytes] uint8."""
+    qp: torch.Tensor
+    n: int
+    k: int
+    kind: int  # GGUF_KINDS index
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n, self.k
+
+
+# GGUF block types the kernel reads: (name, bytes a block of 32 weights in the file)
+GGUF_KINDS = (("q4_1", 20), ("q8_0", 34))
+GGUF_BLOCK = 32
+
+
+def gguf_kind(name: str) -> int:
+    names = [n for n, _ in GGUF_KINDS]
+    if name not in names:
+        raise ValueError(f"GGUF block type {name!r} is not supported: must be one of "
+                         f"{', '.join(names)}")
+    return names.index(name)
+
+
+def pack_gguf(raw: torch.Tensor, kind: int) -> torch.Tensor:
+    """The file's blocks of a matrix, raw [n, k / 32 * file block bytes] uint8 (row
+    after row, as GGUF stores them), -> the layout ``linear_gguf`` reads: per
+    unit of 16 outputs and block of 32 k, float32 scales (Q4_1: d[16] then
+    m[16]; Q8_0: d[16]), then per k the 16 outputs' q (Q4_1: 8 bytes, output i
+    in the low nibble of byte i and output i + 8 in its high nibble; Q8_0: 16
+    int8). Padding outputs are zero (d = m = 0)."""
+    name, file_bytes = GGUF_KINDS[kind]
+    n, width = raw.shape
+    if raw.dtype != torch.uint8 or width % file_bytes:
+        raise ValueError(f"pack_gguf: a uint8 [n, blocks * {file_bytes}] matrix of {name} "
+                         f"blocks, got {raw.dtype} {tuple(raw.shape)}")
+    nb = width // file_bytes
+    units = -(-n // UNIT)
+    blocks = torch.zeros(units * UNIT, nb, file_bytes, dtype=torch.uint8)
+    blocks[:n] = raw.view(n, nb, file_bytes)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [N, nb, 1]
+    if name == "q4_1":
+        m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+        qs = blocks[..., 4:]  # byte j: weight j (low nibble), weight j + 16 (high)
+        q = torch.cat([qs & 15, qs >> 4], -1)  # [N, nb, 32] in 0..15
+        scales = [d, m]
+    else:
+        q = blocks[..., 2:]  # int8 bytes
+        scales = [d]
+    # [units, 16, nb, ...] -> [units, nb, ...]: per unit and block
+    per_unit = [s.view(units, UNIT, nb).transpose(1, 2).contiguous().view(torch.uint8)
+                for s in scales]  # [units, nb, 64] each
+    q = q.view(units, UNIT, nb, GGUF_BLOCK).permute(0, 2, 3, 1)  # [units, nb, 32 k, 16]
+    if name == "q4_1":
+        q = q[..., :8] | (q[..., 8:] << 4)  # [units, nb, 32, 8]
+    q = q.reshape(units, nb, -1)
+    return torch.cat(per_unit + [q], -1).reshape(units, -1).contiguous()
+
+
+def random_gguf_blocks(kind: int, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """GGUF blocks of a random [n, k] matrix as a file stores them (tests and
+    benchmarks): every q value occurs, finite fp16 scales of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    name, nbytes = GGUF_KINDS[kind]
+    nb = k // GGUF_BLOCK
+    raw = torch.randint(0, 256, (n, nb, nbytes), dtype=torch.uint8, generator=g)
+    raw[..., 0:2] = (torch.randn(n, nb, generator=g) * 0.02).half().view(torch.uint8) \
+        .view(n, nb, 2)
+    if name == "q4_1":
+        raw[..., 2:4] = (torch.randn(n, nb, generator=g) * 0.1).half().view(torch.uint8) \
+            .view(n, nb, 2)
+    return raw.view(n, nb * nbytes)
+
+
+def packed_gguf_bytes(n: int, k: int, kind: int) -> int:
+    """Bytes of a [n, k] matrix packed by ``pack_gguf`` (scales in float32)."""
+    per_block = {"q4_1": 2 * UNIT * 4 + GGUF_BLOCK * UNIT // 2,
+                 "q8_0": UNIT * 4 + GGUF_BLOCK * UNIT}[GGUF_KINDS[kind][0]]
+    return -(-n // UNIT) * (k // GGUF_BLOCK) * per_block
+
+
+def dequantize_gguf(raw: torch.Tensor, kind: int) -> torch.Tensor:
+    """raw blocks [n, k / 32 * file block bytes] -> float32 [n, k], as the model's
+    conversion computes them (numpy's d * q + m, or d * q), for checks."""
+    name, file_bytes = GGUF_KINDS[kind]
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, file_bytes)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()
+    if name == "q4_1":
+        m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+        qs = blocks[..., 4:]
+        q = torch.cat([qs & 15, qs >> 4], -1).float()
+        return (d * q + m).reshape(n, -1)
+    return (blocks[..., 2:].contiguous().view(torch.int8).float() * d).reshape(n, -1)
+
+
 class _RowOps:
     """The native row ops a packed linear brings along, in its dtype: RMSNorm,
     the SwiGLU product (``native/row_ops.cpp``) and the drafter's attention
@@ -108,11 +206,27 @@ class RowsLinear(_RowOps):
         wp = self.ext.pack_rows_weight(w.detach().float().contiguous())
         return RowsWeight(self._place(wp), int(w.shape[0]))
 
-    def __call__(self, x: torch.Tensor, w: RowsWeight) -> torch.Tensor:
+    def pack_gguf(self, raw: torch.Tensor, kind: int) -> GgufWeight:
+        """A matrix from its GGUF blocks (``pack_gguf``): the same float32 values
+        as the dequantized matrix, ~1/5 of its bytes."""
+        n = int(raw.shape[0])
+        k = raw.shape[1] // GGUF_KINDS[kind][1] * GGUF_BLOCK
+        return GgufWeight(self._place(pack_gguf(raw, kind)), n, k, kind)
+
+    def unpack(self, w: GgufWeight) -> torch.Tensor:
+        """The float32 values [n, k] a GGUF-packed weight holds."""
+        return self.ext.unpack_gguf_weight(w.qp, w.n, w.k, w.kind)
+
+    def __call__(self, x: torch.Tensor, w: RowsWeight | GgufWeight) -> torch.Tensor:
+        gguf = isinstance(w, GgufWeight)
         if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
-            return self.ext.linear_rows(x, w.wp, w.n)  # the serving case: no wrapping ops
+            # the serving case: no wrapping ops
+            return (self.ext.linear_gguf(x, w.qp, w.n, w.kind) if gguf
+                    else self.ext.linear_rows(x, w.wp, w.n))
         lead, dt = x.shape[:-1], x.dtype
-        y = self.ext.linear_rows(x.reshape(-1, x.shape[-1]).float().contiguous(), w.wp, w.n)
+        x2 = x.reshape(-1, x.shape[-1]).float().contiguous()
+        y = (self.ext.linear_gguf(x2, w.qp, w.n, w.kind) if gguf
+             else self.ext.linear_rows(x2, w.wp, w.n))
         return y.view(*lead, w.n).to(dt)
 
 
@@ -184,9 +298,10 @@ def resolve(backend: str, device: torch.device,
 
 def main() -> int:
     """Side by side, one process: native vs oneDNN-packed vs F.linear over the
-    default model's layer shapes (30 layers + a 49152-row LM head), fp32 or
-    (``--bf16``, on a CPU with AVX512-BF16) bf16, where the fp32 upcast that
-    prefill chunks use (``llama.fp32_linear``) runs beside them."""
+    default model's layer shapes (30 layers + a 49152-row LM head), fp32 (and
+    the native kernel over GGUF blocks of those shapes) or (``--bf16``, on a
+    CPU with AVX512-BF16) bf16, where the fp32 upcast that prefill chunks use
+    (``llama.fp32_linear``) runs beside them."""
     from .llama import fp32_linear, pack_weight, packed_linear, use_packed_linear
 
     ext = native_attention.load(build=True)
@@ -210,6 +325,10 @@ def main() -> int:
         impls["oneDNN"] = (packed_linear, [pack_weight(w) for w in plain])
     if dtype == torch.bfloat16:
         impls["fp32 upcast"] = (fp32_linear, plain)
+    else:  # the default model's matrices as its GGUF file has them: layers Q4_1, head Q8_0
+        kinds = [gguf_kind("q8_0" if n == 49152 else "q4_1") for n, _ in shapes]
+        impls["GGUF blocks"] = (lin, [lin.pack_gguf(random_gguf_blocks(kd, n, k, seed=i), kd)
+                                      for i, ((n, k), kd) in enumerate(zip(shapes, kinds))])
     print("rows  " + "  ".join(f"{n:>11}" for n in impls) + "   (ms, best of 5)")
     for m in counts:
         xs = {k: torch.randn(m, k, generator=g).to(dtype) for k in (576, 1536)}

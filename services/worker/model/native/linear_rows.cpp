@@ -11,6 +11,16 @@
 // multiply-adds it into them. Threads split the units; a few units stay in L2
 // while every 6-row chunk of x passes over them.
 //
+// With 3 or more rows the microkernel's FMAs, not the memory, set the pace once
+// the weights are cached, and the first chunk of a step's rows reads each group
+// from memory while it computes. Two things keep both fed on the project's
+// 2-core AVX2 CPU (Zen 3): the weight vectors are held in registers (GCC
+// otherwise folds each load into every FMA that uses it as a memory operand,
+// and the 3- to 5-row kernels then ran at ~40% of the FMA rate against 70-95%),
+// and the first chunk prefetches its stream 1 KiB ahead into L2 (the hardware
+// prefetcher alone left the pass ~10-20% slower at 3-16 rows). One and two rows
+// are memory-bound and run as they were (both changes measured slower there).
+//
 // Every output y[m, n] is the plain sum over k in order, x[m, 0] * w[n, 0] +
 // x[m, 1] * w[n, 1] + ..., whatever the number of rows: a row's result does
 // not depend on the batch it runs in (a verify window row equals the same row
@@ -21,67 +31,9 @@
 #include <cstdint>
 #include <cstring>
 
-#include "linear_units.h"
+#include "linear_rows_kernels.h"
 
-namespace {
-
-using dspark_linear::kUnit;
-typedef float f8v __attribute__((vector_size(32)));  // one AVX2 register
-
-inline f8v ld8(const float* p) {
-  f8v v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-// MR rows of x (row stride K) against U consecutive units: y[m * ldy + n] for
-// n < n_valid (the last unit of a matrix may be partly padding).
-template <int MR, int U>
-inline void micro(const float* x, const float* wp, int64_t K, float* y, int64_t ldy,
-                  int64_t n_valid) {
-  f8v acc[MR][2 * U];
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 2 * U; ++j) acc[m][j] = f8v{};
-  const int64_t stride = K * kUnit;
-  for (int64_t k = 0; k < K; ++k) {
-    f8v w[2 * U];
-    for (int u = 0; u < U; ++u) {
-      w[2 * u] = ld8(wp + u * stride + k * kUnit);
-      w[2 * u + 1] = ld8(wp + u * stride + k * kUnit + 8);
-    }
-    for (int m = 0; m < MR; ++m) {
-      const float xs = x[m * K + k];
-      for (int j = 0; j < 2 * U; ++j) acc[m][j] += w[j] * xs;
-    }
-  }
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 2 * U; ++j) {
-      const int64_t n0 = j * 8;
-      if (n0 + 8 <= n_valid) {
-        std::memcpy(y + m * ldy + n0, &acc[m][j], sizeof(f8v));
-      } else {
-        for (int i = 0; i < 8 && n0 + i < n_valid; ++i) y[m * ldy + n0 + i] = acc[m][j][i];
-      }
-    }
-}
-
-// MR rows against units [u0, u1) of a matrix with N outputs.
-template <int MR>
-void rows(const float* x, const float* wp, float* y, int64_t K, int64_t N, int64_t u0,
-          int64_t u1) {
-  // registers: MR * 2U sums + 2U weight vectors + 1 broadcast within 16
-  constexpr int U = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
-  dspark_linear::over_units<U>(u0, u1, N, [&](auto units, int64_t u, int64_t n_valid) {
-    micro<MR, decltype(units)::value>(x, wp + u * K * kUnit, K, y + u * kUnit, N, n_valid);
-  });
-}
-
-using RowsFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t,
-                        int64_t);
-constexpr int kMaxRows = 6;
-constexpr RowsFn kRows[kMaxRows] = {rows<1>, rows<2>, rows<3>, rows<4>, rows<5>, rows<6>};
-
-}  // namespace
+using namespace dspark_linear;
 
 // w [N, K] -> wp [ceil(N / 16), K, 16] (padding outputs are zero).
 torch::Tensor pack_rows_weight(torch::Tensor w) {
@@ -110,9 +62,9 @@ torch::Tensor linear_rows(torch::Tensor x, torch::Tensor wp, int64_t N) {
   const float* wpp = wp.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   // groups of ~192 KiB of weights in L2
-  dspark_linear::parallel_units(M, units, K * kUnit * 4, 192 * 1024, kMaxRows,
-                                [&](int64_t mc, int64_t m0, int64_t g0, int64_t g1) {
-    kRows[mc - 1](xp + m0 * K, wpp, yp + m0 * N, K, N, g0, g1);
+  parallel_units(M, units, K * kUnit * 4, 192 * 1024, kMaxRows,
+                 [&](int64_t mc, int64_t m0, int64_t g0, int64_t g1) {
+    kRows[m0 == 0][mc - 1](xp + m0 * K, wpp, yp + m0 * N, K, N, N, g0, g1);
   });
   return y;
 }

@@ -12,6 +12,9 @@ torch::Tensor drafter_attention(torch::Tensor q, torch::Tensor kc, torch::Tensor
                                 double scale);
 torch::Tensor pack_rows_weight(torch::Tensor w);
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor wp, int64_t N);
+torch::Tensor linear_gguf(torch::Tensor x, torch::Tensor qp, int64_t N, int64_t kind);
+torch::Tensor unpack_gguf_weight(torch::Tensor qp, int64_t N, int64_t K, int64_t kind);
+int64_t set_gguf_fused_rows(int64_t n);
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor silu_mul_rows(torch::Tensor gu);
 torch::Tensor rope_rows(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads);
@@ -36,6 +39,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_rows_weight", &pack_rows_weight,
         "w [N, K] fp32 -> [ceil(N / 16), K, 16], the layout linear_rows reads");
   m.def("linear_rows", &linear_rows, "x [M, K] @ w.T from a packed w, fp32 (N outputs)");
+  m.def("linear_gguf", &linear_gguf,
+        "x [M, K] @ w.T in fp32 from GGUF blocks packed by native_linear.pack_gguf "
+        "(N outputs; kind 0 Q4_1, 1 Q8_0): the dense fp32 result, bit for bit");
+  m.def("unpack_gguf_weight", &unpack_gguf_weight,
+        "a packed GGUF weight's float32 values (qp, N, K, kind) -> [N, K]");
+  m.def("set_gguf_fused_rows", &set_gguf_fused_rows,
+        "benchmarks: the most rows linear_gguf dequantizes in registers (returns the old)");
   m.def("has_linear_bf16", &has_linear_bf16,
         "whether this build has the AVX512-BF16 linear kernel (linear_bf16)");
   m.def("pack_bf16_weight", &pack_bf16_weight,
