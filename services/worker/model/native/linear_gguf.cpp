@@ -119,22 +119,10 @@ inline void fused(const float* x, const uint8_t* q, int64_t unit_bytes, int64_t 
 #endif
       f8v w[2 * U];
       for (int u = 0; u < U; ++u) block_weights<kKind>(blk + u * unit_bytes, kk, w + 2 * u);
-      const int64_t k = b * kBlock + kk;
-      for (int m = 0; m < MR; ++m) {
-        const float xs = x[m * K + k];
-        for (int j = 0; j < 2 * U; ++j) acc[m][j] += w[j] * xs;
-      }
+      fma_rows(acc, w, x, K, b * kBlock + kk);
     }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 2 * U; ++j) {
-      const int64_t n0 = j * 8;
-      if (n0 + 8 <= n_valid) {
-        std::memcpy(y + m * ldy + n0, &acc[m][j], sizeof(f8v));
-      } else {
-        for (int i = 0; i < 8 && n0 + i < n_valid; ++i) y[m * ldy + n0 + i] = acc[m][j][i];
-      }
-    }
+  store_sums(acc, y, ldy, n_valid);
 }
 
 // MR rows against units [u0, u1) of a packed matrix with n outputs.

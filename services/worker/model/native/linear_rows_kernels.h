@@ -31,6 +31,30 @@ inline void keep_in_registers(f8v (&w)[N]) {
 
 inline constexpr int64_t kPrefetchAhead = 16;  // k steps of one unit: 16 x 64 bytes
 
+// One k step of a microkernel: acc[m][j] += w[j] * x[m * K + k] for every row.
+template <int MR, int N>
+inline void fma_rows(f8v (&acc)[MR][N], const f8v (&w)[N], const float* x, int64_t K,
+                     int64_t k) {
+  for (int m = 0; m < MR; ++m) {
+    const float xs = x[m * K + k];
+    for (int j = 0; j < N; ++j) acc[m][j] += w[j] * xs;
+  }
+}
+
+// A microkernel's sums, MR rows x 8N outputs, into y[m * ldy + n] for n < n_valid.
+template <int MR, int N>
+inline void store_sums(const f8v (&acc)[MR][N], float* y, int64_t ldy, int64_t n_valid) {
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < N; ++j) {
+      const int64_t n0 = j * 8;
+      if (n0 + 8 <= n_valid) {
+        std::memcpy(y + m * ldy + n0, &acc[m][j], sizeof(f8v));
+      } else {
+        for (int i = 0; i < 8 && n0 + i < n_valid; ++i) y[m * ldy + n0 + i] = acc[m][j][i];
+      }
+    }
+}
+
 // MR rows of x (row stride K) against U consecutive units: y[m * ldy + n] for
 // n < n_valid (the last unit of a matrix may be partly padding). kPrefetch: the
 // pass that brings the units in from memory (see the top of the file).
@@ -53,20 +77,9 @@ inline void micro(const float* x, const float* wp, int64_t K, float* y, int64_t 
       w[2 * u + 1] = ld8(wp + u * stride + k * kUnit + 8);
     }
     if constexpr (kFmaBound) keep_in_registers(w);
-    for (int m = 0; m < MR; ++m) {
-      const float xs = x[m * K + k];
-      for (int j = 0; j < 2 * U; ++j) acc[m][j] += w[j] * xs;
-    }
+    fma_rows(acc, w, x, K, k);
   }
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 2 * U; ++j) {
-      const int64_t n0 = j * 8;
-      if (n0 + 8 <= n_valid) {
-        std::memcpy(y + m * ldy + n0, &acc[m][j], sizeof(f8v));
-      } else {
-        for (int i = 0; i < 8 && n0 + i < n_valid; ++i) y[m * ldy + n0 + i] = acc[m][j][i];
-      }
-    }
+  store_sums(acc, y, ldy, n_valid);
 }
 
 // MR rows against units [u0, u1) of wp: y[m * ldy + u * 16 + j] for the n
