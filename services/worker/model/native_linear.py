@@ -86,6 +86,19 @@ def gguf_kind(name: str) -> int:
     return names.index(name)
 
 
+def _decode_blocks(blocks: torch.Tensor, kind: int
+                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """File blocks [N, nb, file block bytes] -> (their float32 scales, each
+    [N, nb, 1]: Q4_1 [d, m], Q8_0 [d]; q [N, nb, 32] in k order: Q4_1 0..15 as
+    uint8, Q8_0 the int8 bytes as uint8)."""
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()
+    if GGUF_KINDS[kind][0] == "q4_1":
+        m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+        qs = blocks[..., 4:]  # byte j: weight j (low nibble), weight j + 16 (high)
+        return [d, m], torch.cat([qs & 15, qs >> 4], -1)
+    return [d], blocks[..., 2:]
+
+
 def pack_gguf(raw: torch.Tensor, kind: int) -> torch.Tensor:
     """The file's blocks of a matrix, raw [n, k / 32 * file block bytes] uint8 (row
     after row, as GGUF stores them), -> the layout ``linear_gguf`` reads: per
@@ -102,15 +115,7 @@ def pack_gguf(raw: torch.Tensor, kind: int) -> torch.Tensor:
     units = -(-n // UNIT)
     blocks = torch.zeros(units * UNIT, nb, file_bytes, dtype=torch.uint8)
     blocks[:n] = raw.view(n, nb, file_bytes)
-    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [N, nb, 1]
-    if name == "q4_1":
-        m = blocks[..., 2:4].contiguous().view(torch.float16).float()
-        qs = blocks[..., 4:]  # byte j: weight j (low nibble), weight j + 16 (high)
-        q = torch.cat([qs & 15, qs >> 4], -1)  # [N, nb, 32] in 0..15
-        scales = [d, m]
-    else:
-        q = blocks[..., 2:]  # int8 bytes
-        scales = [d]
+    scales, q = _decode_blocks(blocks, kind)
     # [units, 16, nb, ...] -> [units, nb, ...]: per unit and block
     per_unit = [s.view(units, UNIT, nb).transpose(1, 2).contiguous().view(torch.uint8)
                 for s in scales]  # [units, nb, 64] each
@@ -146,16 +151,11 @@ def packed_gguf_bytes(n: int, k: int, kind: int) -> int:
 def dequantize_gguf(raw: torch.Tensor, kind: int) -> torch.Tensor:
     """raw blocks [n, k / 32 * file block bytes] -> float32 [n, k], as the model's
     conversion computes them (numpy's d * q + m, or d * q), for checks."""
-    name, file_bytes = GGUF_KINDS[kind]
     n = raw.shape[0]
-    blocks = raw.reshape(n, -1, file_bytes)
-    d = blocks[..., 0:2].contiguous().view(torch.float16).float()
-    if name == "q4_1":
-        m = blocks[..., 2:4].contiguous().view(torch.float16).float()
-        qs = blocks[..., 4:]
-        q = torch.cat([qs & 15, qs >> 4], -1).float()
-        return (d * q + m).reshape(n, -1)
-    return (blocks[..., 2:].contiguous().view(torch.int8).float() * d).reshape(n, -1)
+    scales, q = _decode_blocks(raw.reshape(n, -1, GGUF_KINDS[kind][1]), kind)
+    if len(scales) == 2:  # Q4_1
+        return (scales[0] * q.float() + scales[1]).reshape(n, -1)
+    return (q.contiguous().view(torch.int8).float() * scales[0]).reshape(n, -1)
 
 
 class _RowOps:

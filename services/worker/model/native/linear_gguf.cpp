@@ -5,9 +5,11 @@
 // (the embedding, tied to the LM head: fp16 d and 8-bit q, w = d * q).
 // convert.py dequantizes them into float32 once; that float32 copy is what
 // every fp32 path computes with. These kernels read the blocks instead (6 and 9
-// bits a weight here against 32) and dequantize each group of 16-output units
-// into a buffer in L2, in linear_rows.cpp's fp32 layout, before the fp32
-// microkernels pass over it with every chunk of rows: the weights they see are
+// bits a weight here against 32). Up to 8 rows each k step of 16 outputs is
+// dequantized in registers and fed to the multiply-adds of linear_rows'
+// microkernel (chunks of up to 4 rows); with more rows each group of units is
+// dequantized once into a buffer in L2, in linear_rows.cpp's fp32 layout, that
+// the fp32 microkernels pass over with every chunk of rows. The weights are
 // the float32 values of the dense copy, bit for bit (d * q is exact in float32,
 // 11 + 8 bits at most, so d * q + m rounds once, as numpy's dequantization
 // does), and every output is the same plain sum over k in order. A model on
@@ -60,31 +62,6 @@ inline i32x8 widen8(const uint8_t* p) {
   return r;
 }
 
-// One packed unit (16 outputs x K) -> out [K, 16] float32, linear_rows' unit layout.
-template <int kKind>
-void dequant_unit(const uint8_t* q, int64_t K, float* out) {
-  for (int64_t b = 0; b < K / kBlock; ++b, q += kBlockBytes[kKind], out += kBlock * kUnit) {
-    const float* dm = reinterpret_cast<const float*>(q);
-    const f8v d0 = ld8(dm), d1 = ld8(dm + 8);
-    if constexpr (kKind == kQ4_1) {
-      const f8v m0 = ld8(dm + 16), m1 = ld8(dm + 24);
-      const uint8_t* nib = q + 2 * kUnit * 4;
-      for (int k = 0; k < kBlock; ++k) {
-        const i32x8 w = widen8<false>(nib + 8 * k);
-        st8(out + k * kUnit, d0 * __builtin_convertvector(w & 15, f8v) + m0);
-        st8(out + k * kUnit + 8, d1 * __builtin_convertvector(w >> 4, f8v) + m1);
-      }
-    } else {
-      const uint8_t* qs = q + kUnit * 4;
-      for (int k = 0; k < kBlock; ++k) {
-        st8(out + k * kUnit, __builtin_convertvector(widen8<true>(qs + kUnit * k), f8v) * d0);
-        st8(out + k * kUnit + 8,
-            __builtin_convertvector(widen8<true>(qs + kUnit * k + 8), f8v) * d1);
-      }
-    }
-  }
-}
-
 // The weights of k step kk of one packed block: w[0] outputs 0-7, w[1] 8-15.
 template <int kKind>
 inline void block_weights(const uint8_t* blk, int kk, f8v* w) {
@@ -98,6 +75,18 @@ inline void block_weights(const uint8_t* blk, int kk, f8v* w) {
     w[0] = __builtin_convertvector(widen8<true>(qs), f8v) * ld8(dm);
     w[1] = __builtin_convertvector(widen8<true>(qs + 8), f8v) * ld8(dm + 8);
   }
+}
+
+// One packed unit (16 outputs x K) -> out [K, 16] float32, linear_rows' unit layout.
+template <int kKind>
+void dequant_unit(const uint8_t* q, int64_t K, float* out) {
+  for (int64_t b = 0; b < K / kBlock; ++b, q += kBlockBytes[kKind])
+    for (int kk = 0; kk < kBlock; ++kk, out += kUnit) {
+      f8v w[2];
+      block_weights<kKind>(q, kk, w);
+      st8(out, w[0]);
+      st8(out + 8, w[1]);
+    }
 }
 
 // MR (<= 4) rows of x against U consecutive packed units, dequantizing in
