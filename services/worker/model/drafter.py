@@ -219,6 +219,9 @@ class DraftLayer(torch.nn.Module):
         self._rows_norm: Callable | None = None
         self._rows_silu_mul: Callable | None = None
         self._attention: Callable | None = None  # and its drafter attention
+        # and its one-call RoPE (rope_rows) and residual-update-and-norm
+        self._rows_rope: Callable | None = None
+        self._rows_add_norm: Callable | None = None
 
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ W.T for W in wqkv / wkv (the K/V rows of wqkv) / wo / w13 / w2."""
@@ -248,6 +251,8 @@ class DraftLayer(torch.nn.Module):
         self._rows_silu_mul = getattr(self._packed_linear, "silu_mul", None)
         self._attention = getattr(self._packed_linear, "drafter_attention", None) \
             if self.hd % LANES == 0 else None
+        self._rows_rope = getattr(self._packed_linear, "rope", None)
+        self._rows_add_norm = getattr(self._packed_linear, "add_rms_norm", None)
         self._packed = {n: pack_fn((self.wqkv[self.q_dim:] if n == "wkv"
                                     else getattr(self, n)).contiguous())
                         for n in ("wqkv", "wkv", "wo", "w13", "w2")}
@@ -260,7 +265,12 @@ class DraftLayer(torch.nn.Module):
         kvh, hd = self.kvh, self.hd
         kvc = self._lin(ctx, "wkv")
         shape = (*ctx.shape[:-1], kvh, hd)
-        kc = _apply_rope(kvc[..., :kvh * hd].reshape(shape), *rope_ctx)
+        if self._rows_rope is not None:  # one call, the same values
+            cos, sin = rope_ctx
+            kc = self._rows_rope(kvc.reshape(-1, kvc.shape[-1]), cos.reshape(-1, hd),
+                                 sin.reshape(-1, hd), kvh).view(shape)
+        else:
+            kc = _apply_rope(kvc[..., :kvh * hd].reshape(shape), *rope_ctx)
         return kc, kvc[..., kvh * hd:].reshape(shape)
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor, rope_blk, rope_ctx,
@@ -271,12 +281,20 @@ class DraftLayer(torch.nn.Module):
     def attend(self, x: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rope_blk,
                valid: torch.Tensor) -> torch.Tensor:
         """x: [B, K, d]; kc, vc: [B, C, KV, hd] context K/V; valid: [B, C] bool, the
-        context rows each request sees (every block row sees the whole block)."""
+        context rows each request sees (every block row sees the whole block).
+        Serving with the native kernels, a contiguous x is updated in place (the
+        residual stream's first update, fused into the second norm)."""
         b, k, d = x.shape
         h, kvh, hd, qd = self.h, self.kvh, self.hd, self.q_dim
         qkv = self._lin(self._norm(x, self.ln1), "wqkv")  # [B, K, (H+2KV)hd]
-        q = _apply_rope(qkv[..., :qd].view(b, k, h, hd), *rope_blk)
-        kb = _apply_rope(qkv[..., qd:qd + kvh * hd].view(b, k, kvh, hd), *rope_blk)
+        if self._rows_rope is not None:  # serving, native: one call each, the same values
+            cos, sin = (t.reshape(b * k, hd) for t in rope_blk)
+            rows = qkv.view(b * k, -1)
+            q = self._rows_rope(rows, cos, sin, h).view(b, k, h, hd)
+            kb = self._rows_rope(rows[:, qd:], cos, sin, kvh).view(b, k, kvh, hd)
+        else:
+            q = _apply_rope(qkv[..., :qd].view(b, k, h, hd), *rope_blk)
+            kb = _apply_rope(qkv[..., qd:qd + kvh * hd].view(b, k, kvh, hd), *rope_blk)
         vb = qkv[..., qd + kvh * hd:].view(b, k, kvh, hd)
         if self._attention is not None:  # serving, native: one call, no mask or copies
             o = self._attention(q, kc.contiguous(), vc.contiguous(), kb, vb.contiguous(),
@@ -287,8 +305,15 @@ class DraftLayer(torch.nn.Module):
             mask = torch.cat([valid, valid.new_ones(b, k)], 1)[:, None, None, :]  # [B,1,1,C+K]
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=mask,
                                                enable_gqa=h != kvh).transpose(1, 2)
-        x = x + self._lin(o.reshape(b, k, qd), "wo")
-        return x + self._lin(self._swiglu(self._lin(self._norm(x, self.ln2), "w13")), "w2")
+        ao = self._lin(o.reshape(b, k, qd), "wo")
+        if self._rows_add_norm is not None and x.is_contiguous():
+            # serving: x += ao (x is this forward's own tensor), then the norm, one call
+            xn = self._rows_add_norm(x.view(b * k, d), ao.reshape(b * k, d), self.ln2,
+                                     self.eps).view(b, k, d)
+        else:
+            x = x + ao
+            xn = self._norm(x, self.ln2)
+        return x + self._lin(self._swiglu(self._lin(xn, "w13")), "w2")
 
     def forward_shared(self, x: torch.Tensor, ctx: torch.Tensor, rope_blk, rope_ctx,
                        valid: torch.Tensor) -> torch.Tensor:

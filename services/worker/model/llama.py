@@ -183,6 +183,12 @@ class Llama(torch.nn.Module):
         self.linear = F.linear
         self.rms_norm, self.silu_mul = _rms_norm, _silu_mul  # native ones with the kernel
         self.rope: Callable | None = None  # the native RoPE (native linear only)
+        # native: x += add in place, then RMSNorm, one call (None: the two ops)
+        self.add_rms_norm: Callable | None = None
+        # native: a decode / verify step's RoPE, K/V write and attention in one call
+        # per layer, and the residual updates fused into the norms (False: the
+        # separate ops, the same values; for comparisons)
+        self.fused_ops = True
         # (pack, linear) of the serving layout, for other weights that use this
         # model's linear (a drafter's head rows and layers); None = plain F.linear
         self.packing: tuple[Callable, Callable] | None = None
@@ -204,6 +210,7 @@ class Llama(torch.nn.Module):
             self.packing = (rows_linear.pack, rows_linear)
             self.rms_norm, self.silu_mul = rows_linear.rms_norm, rows_linear.silu_mul
             self.rope = rows_linear.rope
+            self.add_rms_norm = rows_linear.add_rms_norm
         elif pack and use_packed_linear(self.embed):
             self.packing = (pack_weight, packed_linear)
             if self.embed.dtype == torch.bfloat16 and \
@@ -282,21 +289,48 @@ class Llama(torch.nn.Module):
         if rope is None:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, hd]
         tap_slot = {layer: j for j, layer in enumerate(tap_layers)}
+        # native, a step of short windows only (decode and verify): each layer's
+        # RoPE, K/V write and attention are one call (the same values)
+        ng = meta.native
+        fused = self.fused_ops and layers is self.layers
+        one_call = fused and rope is not None and ng is not None and not meta.long \
+            and meta.short is None
+        scale = 1.0 / math.sqrt(hd)
+        add_norm = self.add_rms_norm if fused else None
+
+        def residual_norm(x, y, w):  # (x + y, norm(x + y)); native: x updated in place
+            if add_norm is not None:
+                return x, add_norm(x, y, w, eps)
+            x = x + y
+            return x, norm(x, w, eps)
+
+        mlp = None  # the last layer's SwiGLU output, not yet added to x
         for i, w in enumerate(layers):
-            qkv = lin(norm(x, w["ln1"], eps), w["wqkv"])  # [T, (H+2KV)*hd]
-            if rope is not None:  # one call: the same values as the three ops below
-                qk = rope(qkv, cos, sin, h + kvh)
+            if mlp is None:
+                xn = norm(x, w["ln1"], eps)
             else:
-                qk = qkv[:, :qk_dim].view(t, h + kvh, hd)
-                # RoPE (rotate-half layout): roll swaps the halves, sin_signed has -sin first
-                qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
-            v = qkv[:, qk_dim:].view(t, kvh, hd)
-            o = paged_attention(qk[:, :h], qk[:, h:], v, kv.k[i], kv.v[i], meta)
-            x = x + lin(o, w["wo"])  # o: [T, H*hd]
-            x = x + lin(silu_mul(lin(norm(x, w["ln2"], eps), w["w13"])), w["w2"])  # SwiGLU
+                x, xn = residual_norm(x, mlp, w["ln1"])
+            qkv = lin(xn, w["wqkv"])  # [T, (H+2KV)*hd]
+            if one_call:
+                o = ng.ext.rope_write_attention(qkv, cos, sin, kv.k[i], kv.v[i], ng.info,
+                                                ng.tables, scale, h, kvh)
+            else:
+                if rope is not None:  # one call: the same values as the three ops below
+                    qk = rope(qkv, cos, sin, h + kvh)
+                else:
+                    qk = qkv[:, :qk_dim].view(t, h + kvh, hd)
+                    # RoPE (rotate-half layout): roll swaps the halves, sin_signed has -sin first
+                    qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
+                v = qkv[:, qk_dim:].view(t, kvh, hd)
+                o = paged_attention(qk[:, :h], qk[:, h:], v, kv.k[i], kv.v[i], meta)
+            x, xn = residual_norm(x, lin(o, w["wo"]), w["ln2"])  # o: [T, H*hd]
+            mlp = lin(silu_mul(lin(xn, w["w13"])), w["w2"])  # SwiGLU
             if i in tap_slot:
+                x, mlp = x + mlp, None
                 j = tap_slot[i]
                 taps_out[:, j * d:(j + 1) * d] = x
+        if mlp is not None:
+            x = x + mlp
         if logit_rows is None:
             return None
         xs = x.index_select(0, logit_rows) if logit_rows.shape[0] != t else x

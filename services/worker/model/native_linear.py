@@ -177,6 +177,12 @@ class _RowOps:
         """F.rms_norm(x, (d,), w, eps) for x [T, d]."""
         return self.ext.rms_norm_rows(x.contiguous(), w, eps)
 
+    def add_rms_norm(self, x: torch.Tensor, add: torch.Tensor, w: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """``x += add`` in place (x [T, d] contiguous), then ``rms_norm(x, w, eps)``:
+        the residual stream's update and the next norm in one call."""
+        return self.ext.add_rms_norm_rows(x, add.contiguous(), w, eps)
+
     def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
         """[gate | up] [T, 2I] -> F.silu(gate) * up."""
         return self.ext.silu_mul_rows(gu.contiguous())

@@ -7,6 +7,10 @@
 void paged_short_attention(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
                            torch::Tensor seqs, torch::Tensor tables, double scale,
                            torch::Tensor out);
+torch::Tensor rope_write_attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
+                                   torch::Tensor k_pool, torch::Tensor v_pool,
+                                   torch::Tensor seqs, torch::Tensor tables, double scale,
+                                   int64_t heads, int64_t kv_heads);
 torch::Tensor drafter_attention(torch::Tensor q, torch::Tensor kc, torch::Tensor vc,
                                 torch::Tensor kb, torch::Tensor vb, torch::Tensor valid,
                                 double scale);
@@ -16,6 +20,7 @@ torch::Tensor linear_gguf(torch::Tensor x, torch::Tensor qp, int64_t N, int64_t 
 torch::Tensor unpack_gguf_weight(torch::Tensor qp, int64_t N, int64_t K, int64_t kind);
 int64_t set_gguf_fused_rows(int64_t n);
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor add_rms_norm_rows(torch::Tensor x, torch::Tensor add, torch::Tensor w, double eps);
 torch::Tensor silu_mul_rows(torch::Tensor gu);
 torch::Tensor rope_rows(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads);
 torch::Tensor argmax_rows(torch::Tensor x);
@@ -33,6 +38,9 @@ std::vector<torch::Tensor> markov_greedy(torch::Tensor base, torch::Tensor e0, t
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_short_attention", &paged_short_attention,
         "attention of short query windows over a paged KV pool (in place into out)");
+  m.def("rope_write_attention", &rope_write_attention,
+        "a step of short windows: RoPE of qkv's query and key heads, the keys and values"
+        " written into the pools, then paged_short_attention -> [T, H * hd]");
   m.def("drafter_attention", &drafter_attention,
         "the drafter's block rows over their visible context rows and their own block"
         " (q, kc, vc, kb, vb, valid, scale) -> out");
@@ -55,6 +63,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "2 MiB pages (prefetched into L2 further ahead; else into L1 for 4 KiB pages)",
         py::arg("x"), py::arg("wp"), py::arg("N"), py::arg("huge_pages") = false);
   m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row of x [T, d], fp32");
+  m.def("add_rms_norm_rows", &add_rms_norm_rows,
+        "x += add in place, then RMSNorm of each row of x [T, d] (fp32 or bf16)");
   m.def("silu_mul_rows", &silu_mul_rows, "[gate | up] [T, 2I] -> silu(gate) * up, fp32");
   m.def("rope_rows", &rope_rows,
         "rotate-half RoPE of the first heads of qkv [T, W] at cos / sin_signed [T, hd]"

@@ -113,14 +113,15 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off);
 }
 
+// q rows are q_pitch elements apart (the query heads first); out is [T, H, hd].
 template <typename T>
-void run(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
-         const torch::Tensor& seqs, const torch::Tensor& tables, double scale, torch::Tensor& out) {
-  const int64_t n_heads = q.size(1), hd = q.size(2);
+void run(const T* qp, int64_t q_pitch, int64_t n_heads, const torch::Tensor& k_pool,
+         const torch::Tensor& v_pool, const torch::Tensor& seqs, const torch::Tensor& tables,
+         double scale, torch::Tensor& out) {
+  const int64_t hd = out.size(2);
   const int64_t n_kv = k_pool.size(1), hp = k_pool.size(2), bs = k_pool.size(3);
   const int64_t P = k_pool.size(4), g = n_heads / n_kv;
   const int64_t n_seqs = seqs.size(0), max_blocks = tables.size(1);
-  const T* qp = q.data_ptr<T>();
   const T* kp = k_pool.data_ptr<T>();
   const T* vp = v_pool.data_ptr<T>();
   T* op = out.data_ptr<T>();
@@ -183,13 +184,14 @@ void run(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tenso
         qw.resize(m * hp);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t h = 0; h < g; ++h)
-            std::memcpy(qw.data() + (i * g + h) * hp, qp + (row0 + i) * q_row + (j * g + h) * hd,
+            std::memcpy(qw.data() + (i * g + h) * hp, qp + (row0 + i) * q_pitch + (j * g + h) * hd,
                         hd * sizeof(T));
       } else {
         qf.resize(m * hd);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t h = 0; h < g; ++h)
-            to_float(qp + (row0 + i) * q_row + (j * g + h) * hd, qf.data() + (i * g + h) * hd, hd);
+            to_float(qp + (row0 + i) * q_pitch + (j * g + h) * hd, qf.data() + (i * g + h) * hd,
+                   hd);
       }
       scores.assign(m * padded, 0.f);
       for (int64_t t0 = 0; t0 < n_keys; t0 += kW) {
@@ -267,6 +269,104 @@ void paged_short_attention(torch::Tensor q, torch::Tensor k_pool, torch::Tensor 
               "paged_short_attention: the key and value pools' shapes do not match q");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(),
                                   "paged_short_attention", [&] {
-    run<scalar_t>(q, k_pool, v_pool, seqs, tables, scale, out);
+    run<scalar_t>(q.data_ptr<scalar_t>(), q.size(1) * q.size(2), q.size(1), k_pool, v_pool,
+                  seqs, tables, scale, out);
   });
+}
+
+torch::Tensor rope_rows(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads);
+
+namespace {
+
+// The step's roped keys (qk's heads [heads, heads + KV)) and values (qkv's
+// columns from (heads + KV) * hd) into the pools at each row's position.
+template <typename T>
+void write_rows(const T* qk, const T* qkv, int64_t heads, int64_t n_kv, int64_t hd,
+                const torch::Tensor& k_pool, const torch::Tensor& v_pool,
+                const torch::Tensor& seqs, const torch::Tensor& tables) {
+  const int64_t n_blocks = k_pool.size(0), hp = k_pool.size(2), bs = k_pool.size(3);
+  const int64_t P = k_pool.size(4), max_blocks = tables.size(1);
+  const int64_t qk_pitch = (heads + n_kv) * hd, qkv_pitch = (heads + 2 * n_kv) * hd;
+  T* kp = k_pool.data_ptr<T>();
+  T* vp = v_pool.data_ptr<T>();
+  const int64_t* sp = seqs.data_ptr<int64_t>();
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  for (int64_t b = 0; b < seqs.size(0); ++b)
+    for (int64_t i = 0; i < sp[3 * b + 1]; ++i) {
+      const int64_t row = sp[3 * b] + i, pos = sp[3 * b + 2] + i;
+      TORCH_CHECK(pos / bs < max_blocks, "rope_write_attention: position ", pos,
+                  " is past sequence ", b, "'s block table");
+      const int64_t blk = tp[b * max_blocks + pos / bs], off = pos % bs;
+      TORCH_CHECK(blk >= 0 && blk < n_blocks, "rope_write_attention: block ", blk,
+                  " out of range [0, ", n_blocks, ")");
+      for (int64_t j = 0; j < n_kv; ++j) {
+        const T* k = qk + row * qk_pitch + (heads + j) * hd;
+        T* kd = kp + (blk * n_kv + j) * hp * bs * P + off * P;
+        for (int64_t d = 0; d < hd; ++d) kd[(d / P) * bs * P + d % P] = k[d];
+        std::memcpy(vp + ((blk * n_kv + j) * bs + off) * hd,
+                    qkv + row * qkv_pitch + (heads + n_kv + j) * hd, hd * sizeof(T));
+      }
+    }
+}
+
+}  // namespace
+
+// One layer's attention for a step whose rows are all short windows, in one
+// call: llama.py's RoPE of the query and key heads of qkv [T, (H + 2 KV) hd]
+// (rope_rows: the same values), the roped keys and the values written into the
+// pools at each row's position, then paged_short_attention. seqs must name
+// every row of qkv once (windows [row0, row0 + n) covering [0, T)). Returns
+// [T, H * hd].
+torch::Tensor rope_write_attention(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
+                                   torch::Tensor k_pool, torch::Tensor v_pool,
+                                   torch::Tensor seqs, torch::Tensor tables, double scale,
+                                   int64_t heads, int64_t kv_heads) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous(), "rope_write_attention: qkv [T, W] contiguous");
+  TORCH_CHECK(k_pool.dim() == 5 && v_pool.dim() == 4 && k_pool.is_contiguous() &&
+                  v_pool.is_contiguous(),
+              "rope_write_attention: k_pool 5-D and v_pool 4-D contiguous (kv_cache.pool_shapes)");
+  TORCH_CHECK(seqs.dim() == 2 && seqs.size(1) == 3 && tables.dim() == 2 &&
+                  tables.size(0) == seqs.size(0) && seqs.is_contiguous() &&
+                  tables.is_contiguous() && seqs.scalar_type() == torch::kInt64 &&
+                  tables.scalar_type() == torch::kInt64,
+              "rope_write_attention: seqs int64 [B, 3] and tables int64 [B, max_blocks]");
+  const int64_t t = qkv.size(0), hd = cos.size(1);
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
+                  qkv.size(1) == (heads + 2 * kv_heads) * hd,
+              "rope_write_attention: qkv width ", qkv.size(1), " != (heads ", heads,
+              " + 2 * kv_heads ", kv_heads, ") * head_dim ", hd);
+  TORCH_CHECK(k_pool.size(1) == kv_heads && k_pool.size(2) * k_pool.size(4) == hd &&
+                  v_pool.size(3) == hd && v_pool.size(1) == kv_heads &&
+                  v_pool.size(0) == k_pool.size(0) && v_pool.size(2) == k_pool.size(3),
+              "rope_write_attention: the pools' shapes do not match qkv");
+  TORCH_CHECK(hd % kW == 0, "rope_write_attention: head_dim must be a multiple of ", kW);
+  TORCH_CHECK(k_pool.scalar_type() == qkv.scalar_type() &&
+                  v_pool.scalar_type() == qkv.scalar_type(),
+              "rope_write_attention: dtypes differ");
+  TORCH_CHECK(k_pool.size(4) == (qkv.scalar_type() == at::kBFloat16 ? 2 : 1),
+              "rope_write_attention: the key pool's pair width must be 2 for bf16, else 1");
+  {  // the windows cover the rows exactly
+    std::vector<int64_t> seen(t, 0);
+    const int64_t* sp = seqs.data_ptr<int64_t>();
+    for (int64_t b = 0; b < seqs.size(0); ++b) {
+      const int64_t r0 = sp[3 * b], n = sp[3 * b + 1];
+      TORCH_CHECK(r0 >= 0 && n >= 1 && r0 + n <= t && sp[3 * b + 2] >= 0,
+                  "rope_write_attention: window ", b, " (row ", r0, ", ", n,
+                  " rows) is not within the ", t, " rows");
+      for (int64_t r = r0; r < r0 + n; ++r) seen[r] += 1;
+    }
+    for (int64_t r = 0; r < t; ++r)
+      TORCH_CHECK(seen[r] == 1, "rope_write_attention: row ", r, " is named by ", seen[r],
+                  " windows (must be 1)");
+  }
+  auto qk = rope_rows(qkv, cos, sin, heads + kv_heads);  // [T, H + KV, hd]
+  auto out = torch::empty({t, heads, hd}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(),
+                                  "rope_write_attention", [&] {
+    write_rows<scalar_t>(qk.data_ptr<scalar_t>(), qkv.data_ptr<scalar_t>(), heads, kv_heads, hd,
+                         k_pool, v_pool, seqs, tables);
+    run<scalar_t>(qk.data_ptr<scalar_t>(), (heads + kv_heads) * hd, heads, k_pool, v_pool, seqs,
+                  tables, scale, out);
+  });
+  return out.view({t, heads * hd});
 }

@@ -56,13 +56,19 @@ constexpr int64_t kGrain = 16;  // rows per parallel task
 
 namespace {
 
+// add (nullptr: none): x += add first, in place, rounded to T (PyTorch's x + add)
 template <typename T>
-void rms_norm_impl(const T* xp, const T* wp, T* yp, int64_t t, int64_t d, float e) {
+void rms_norm_impl(T* xp, const T* add, const T* wp, T* yp, int64_t t, int64_t d, float e) {
   const int64_t d8 = d / 8 * 8;
   at::parallel_for(0, t, kGrain, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
-      const T* xr = xp + r * d;
+      T* xr = xp + r * d;
       T* yr = yp + r * d;
+      if (add != nullptr) {
+        const T* ar = add + r * d;
+        for (int64_t i = 0; i < d8; i += 8) st8(xr + i, ld8(xr + i) + ld8(ar + i));
+        for (int64_t i = d8; i < d; ++i) st1(xr + i, ld1(xr + i) + ld1(ar + i));
+      }
       f8v acc = {};
       for (int64_t i = 0; i < d8; i += 8) {
         const f8v v = ld8(xr + i);
@@ -228,11 +234,34 @@ torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor w, double eps) {
   auto y = torch::empty_like(x);
   const float e = static_cast<float>(eps);
   if (x.scalar_type() == at::kFloat)
-    rms_norm_impl(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), x.size(0),
-                  x.size(1), e);
+    rms_norm_impl(x.data_ptr<float>(), static_cast<const float*>(nullptr), w.data_ptr<float>(),
+                  y.data_ptr<float>(), x.size(0), x.size(1), e);
   else
-    rms_norm_impl(x.data_ptr<at::BFloat16>(), w.data_ptr<at::BFloat16>(),
-                  y.data_ptr<at::BFloat16>(), x.size(0), x.size(1), e);
+    rms_norm_impl(x.data_ptr<at::BFloat16>(), static_cast<const at::BFloat16*>(nullptr),
+                  w.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>(), x.size(0), x.size(1),
+                  e);
+  return y;
+}
+
+// The residual stream's update and the next RMSNorm in one call: x += add (in
+// place, as PyTorch's x + add rounds), then rms_norm_rows(x, w, eps).
+torch::Tensor add_rms_norm_rows(torch::Tensor x, torch::Tensor add, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.dim() == 2 && add.sizes() == x.sizes() && w.dim() == 1 && w.size(0) == x.size(1),
+              "add_rms_norm_rows: x and add [T, d], w [d]");
+  TORCH_CHECK((x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                  add.scalar_type() == x.scalar_type() && w.scalar_type() == x.scalar_type(),
+              "add_rms_norm_rows: float32 or bfloat16 only (x, add and w alike)");
+  TORCH_CHECK(x.is_contiguous() && add.is_contiguous() && w.is_contiguous(),
+              "add_rms_norm_rows: contiguous inputs");
+  auto y = torch::empty_like(x);
+  const float e = static_cast<float>(eps);
+  if (x.scalar_type() == at::kFloat)
+    rms_norm_impl(x.data_ptr<float>(), add.data_ptr<float>(), w.data_ptr<float>(),
+                  y.data_ptr<float>(), x.size(0), x.size(1), e);
+  else
+    rms_norm_impl(x.data_ptr<at::BFloat16>(), add.data_ptr<at::BFloat16>(),
+                  w.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>(), x.size(0), x.size(1),
+                  e);
   return y;
 }
 
