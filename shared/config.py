@@ -308,10 +308,17 @@ class SchedulerConfig(UpstreamTLSConfig, ServerOpsConfig):
     async_scheduling: bool = True
     # Confidence-scheduled verification with a measured cost profile: every N-th
     # step with speculating requests sizes its verify budget the other way (no
-    # drafts where it chose some; one request's K where it chose none, round robin),
+    # drafts where it chose some; where it chose none, one request drafts, round
+    # robin, with a window of 1, 2, 4, ... K drafts in turn),
     # so the refitted profile sees the rows it would otherwise never run and the
     # requests' confidences stay fresh. 0 = never.
     verify_explore_every: int = 32
+    # Confidence-scheduled verification: send the step's expected time for 0..V
+    # verified rows with the budget, so that the worker verifies fewer rows
+    # where the drafts' current confidences do not pay for them (the walk of
+    # DSPARK.md 4.3 with its early stop, shared/verify_fill.py). False = the
+    # worker fills the whole budget V.
+    verify_trim: bool = True
     # Confidence-scheduled verification: a request's last confidences (from its
     # last verify step) estimate its next draft's; with every step it runs without
     # drafting they count this much less, the estimate moving toward the replica's

@@ -53,6 +53,7 @@ def finish_to_pb(r: FinishReason) -> int:
 def step_to_pb(plan: StepPlan) -> worker_pb2.StepRequest:
     return worker_pb2.StepRequest(
         step_id=plan.step_id, verify_budget=plan.verify_budget,
+        verify_step_ms=plan.verify_step_ms or [],
         seqs=[
             worker_pb2.SeqStep(
                 request_id=s.request_id, token_ids=s.token_ids,
@@ -71,6 +72,7 @@ def step_from_pb(m: worker_pb2.StepRequest) -> StepPlan:
     return StepPlan(
         step_id=m.step_id,
         verify_budget=m.verify_budget if m.HasField("verify_budget") else None,
+        verify_step_ms=list(m.verify_step_ms) or None,
         seqs=[
             SeqStep(
                 request_id=s.request_id, token_ids=list(s.token_ids),

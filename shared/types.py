@@ -69,6 +69,10 @@ class StepPlan:
     # step's speculating seqs, the top candidates by cumulative confidence (see
     # protos/dspark/v1/worker.proto StepRequest.verify_budget). None = verify all.
     verify_budget: int | None = None
+    # With verify_budget: the expected step time (ms) with v draft rows verified,
+    # v = 0..verify_budget; the worker trims the fill to the rows the current
+    # confidences pay for (shared/verify_fill.py). None = fill the budget.
+    verify_step_ms: list[float] | None = None
 
 
 @dataclass

@@ -33,10 +33,8 @@ def cumulative(confidences: Sequence[float]) -> list[float]:
     return out
 
 
-def fill_verify_budget(confidences: Sequence[Sequence[float]], budget: int) -> list[int]:
-    """Per request r (plan order) its drafted confidences c_{r,1..K_r}; returns l_r,
-    the number of leading drafts it verifies, with sum(l_r) <= budget. Candidates
-    with a = 0 are never chosen."""
+def _ranked(confidences: Sequence[Sequence[float]]) -> list[tuple[float, int, int]]:
+    """(-a, j, r) for every candidate with a > 0, best first."""
     cands = []
     for r, cs in enumerate(confidences):
         for j, a in enumerate(cumulative(cs), start=1):
@@ -44,7 +42,41 @@ def fill_verify_budget(confidences: Sequence[Sequence[float]], budget: int) -> l
                 break
             cands.append((-a, j, r))
     cands.sort()
+    return cands
+
+
+def fill_verify_budget(confidences: Sequence[Sequence[float]], budget: int,
+                       step_ms: Sequence[float] | None = None, base_tokens: int = 0
+                       ) -> list[int]:
+    """Per request r (plan order) its drafted confidences c_{r,1..K_r}; returns l_r,
+    the number of leading drafts it verifies, with sum(l_r) <= budget. Candidates
+    with a = 0 are never chosen.
+
+    ``step_ms`` (optional, the scheduler's expected wall time of the step with v
+    draft rows verified, v = 0..budget, drafting included) trims the fill to the
+    rows the current confidences pay for: the walk of DSPARK.md 4.3 over the
+    filled candidates best first, from ``base_tokens`` expected tokens at v = 0,
+    keeping each candidate while (base_tokens + sum of a) / step_ms[v] rises
+    and stopping at the first that does not (the early stop: whether a draft is
+    verified then depends only on the candidates ranked before it, never on a
+    later draft, so acceptance stays lossless)."""
+    cands = _ranked(confidences)[:max(budget, 0)]
+    if step_ms is not None:
+        if len(step_ms) != max(budget, 0) + 1:
+            raise ValueError(f"verify_step_ms has {len(step_ms)} entries, must have "
+                             f"verify_budget + 1 = {max(budget, 0) + 1}")
+        if not all(math.isfinite(t) and t > 0.0 for t in step_ms):
+            raise ValueError("verify_step_ms must be finite and > 0 (ms)")
+        tau = float(base_tokens)
+        best = tau / step_ms[0]
+        for v, (neg_a, _, _) in enumerate(cands, start=1):
+            tau -= neg_a
+            rate = tau / step_ms[v]
+            if rate <= best:
+                cands = cands[:v - 1]
+                break
+            best = rate
     lengths = [0] * len(confidences)
-    for _, j, r in cands[:max(budget, 0)]:
+    for _, j, r in cands:
         lengths[r] = max(lengths[r], j)
     return lengths

@@ -2,7 +2,8 @@
 
     python -m dspark.worker.bench_spec [--conc 1] [--prompts 4] [--max-tokens 256]
                                        [--verify fixed|confidence] [--decay 0.5 ...]
-                                       [--price depth|full ...] [--rounds 2]
+                                       [--price depth|full ...] [--trim on|off ...]
+                                       [--rounds 2]
                                        [--temperature 0] [--top-p 1] [--top-k 0]
                                        [--threads 2] [--dtype bfloat16] [--drafter DIR]
                                        [--gguf-weights auto|on|off]
@@ -26,7 +27,9 @@ the worker's measured profile as served (drafting priced at the depth a budget
 asks for), ``full`` the same profile with every draft priced at depth K (as
 before the profile had a per-position cost). Under ``--verify confidence``
 every K = 7 deployment uses the cost profile the first one measured, so they
-differ only in what they were asked to.
+differ only in what they were asked to. ``--trim on off`` runs a K = 7
+deployment each way (the scheduler's ``verify_trim``: the worker trims the
+budget's fill to the rows the current confidences pay for, or fills it).
 
 Separate processes, because runners built in one process do not run alike:
 one built later ran the same plain forward up to ~10% faster (where its
@@ -86,6 +89,7 @@ class Deployment:
     verify: str = "fixed"
     decay: float | None = None
     price: str = "depth"  # confidence: "depth" (as served) or "full" (every draft at K)
+    trim: bool = True  # confidence: the scheduler's verify_trim
 
 
 def _serve(conn, dep: Deployment, args: dict, prompts: list[list[int]]) -> None:
@@ -116,6 +120,7 @@ def _serve(conn, dep: Deployment, args: dict, prompts: list[list[int]]) -> None:
     engine = OfflineEngine(runner, max_num_seqs=conc)  # profiles (confidence)
     if dep.decay is not None:
         engine.config.verify_confidence_decay = dep.decay
+    engine.config.verify_trim = dep.trim
     acc = instrument(runner)
     sampling = SamplingParams(max_tokens=args["max_tokens"], temperature=args["temperature"],
                               top_p=args["top_p"], top_k=args["top_k"], ignore_eos=True)
@@ -154,6 +159,8 @@ def main() -> None:
     ap.add_argument("--verify", choices=("fixed", "confidence"), default="fixed")
     ap.add_argument("--decay", type=float, nargs="+", default=[0.5],
                     help="verify_confidence_decay of the K = 7 deployment(s) (confidence)")
+    ap.add_argument("--trim", choices=("on", "off"), nargs="+", default=["on"],
+                    help="the scheduler's verify_trim of the K = 7 deployment(s) (confidence)")
     ap.add_argument("--price", choices=("depth", "full"), nargs="+", default=["depth"],
                     help="how the K = 7 deployment(s) price drafting (confidence)")
     ap.add_argument("--rounds", type=int, default=2)
@@ -178,8 +185,11 @@ def main() -> None:
         several = len(args.decay) * len(args.price) > 1
         for dec in args.decay:
             for price in args.price:
-                name = f"k7 decay {dec:g} price {price}" if several else "k7"
-                deps.append(Deployment(name, 7, "confidence", dec, price))
+                for trim in args.trim:
+                    name = f"k7 decay {dec:g} price {price}" if several else "k7"
+                    if len(args.trim) > 1:
+                        name += f" trim {trim}"
+                    deps.append(Deployment(name, 7, "confidence", dec, price, trim == "on"))
     else:
         deps.append(Deployment("k7", 7))
     ctx = mp.get_context("spawn")

@@ -332,7 +332,8 @@ class ModelRunner:
                 raise ValueError(f"verify_budget={plan.verify_budget} must be >= 0")
             conf = drafts.confidences.float().tolist()
             nver = fill_verify_budget([conf[j][:k] for j, k in enumerate(nver)],
-                                      plan.verify_budget)
+                                      plan.verify_budget, plan.verify_step_ms,
+                                      base_tokens=sum(1 for s in seqs if s.sample))
         rows_in: list[list[int]] = []
         for i, s in enumerate(seqs):
             toks = list(s.token_ids)

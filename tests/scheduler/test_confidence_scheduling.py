@@ -87,7 +87,9 @@ class BudgetWorker:
             work.append((s, toks, start, drafts, confs))
         spec = [w for w in work if w[0].num_speculative_tokens]
         if plan.verify_budget is not None:
-            lens = fill_verify_budget([w[4] for w in spec], plan.verify_budget)
+            lens = fill_verify_budget([w[4] for w in spec], plan.verify_budget,
+                                      plan.verify_step_ms,
+                                      base_tokens=sum(1 for w in work if w[0].sample))
         else:
             lens = [len(w[3]) for w in spec]
         self.lens.append(lens)
@@ -436,3 +438,46 @@ def test_confidence_decay_is_checked():
         SchedulerConfig(verify_confidence_decay=0.0)
     with pytest.raises(ValueError, match="verify_confidence_decay"):
         SchedulerConfig(verify_confidence_decay=1.5)
+
+
+class RecordingWorker(BudgetWorker):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.plans: list[StepPlan] = []
+
+    def step(self, plan: StepPlan) -> StepOutput:
+        self.plans.append(plan)
+        return super().step(plan)
+
+
+@pytest.mark.parametrize("trim", [True, False])
+def test_the_plan_carries_its_step_times_and_the_worker_trims_by_them(trim):
+    """Each budgeted plan carries the profile's time of the step with 0..V verified
+    rows (drafting at the plan's depth included), unless verify_trim is off. The
+    drafts' confidences swing every 4 positions (.95, then .02), so the budget,
+    sized from the last ones, is often wrong about the current draft: the
+    trimming worker then verifies none of it. The output is the same either way."""
+    prof = SpsProfile(rows=(1, 4, 256), forward_ms=(10.0, 11.0, 600.0), draft_fixed_ms=1.0)
+    s = conf_scheduler(prof, budget=2 + 8)
+    s.config.verify_trim = trim
+    w = RecordingWorker(64, 4, conf=lambda rid, pos: 0.95 if (pos // 4) % 2 == 0 else 0.02)
+    prompts = add(s, n=2, max_tokens=40)
+    res, _ = drive(s, w, False)
+    for rid, p in prompts.items():
+        assert res[rid] == reference(p, sampling(max_tokens=40, seed=int(rid[1:])))[0]
+    budgeted = [(plan, lens) for plan, lens in zip(w.plans, w.lens)
+                if plan.verify_budget]
+    assert len(budgeted) > 10
+    for plan, lens in budgeted:
+        drafting = sum(1 for q in plan.seqs if q.num_speculative_tokens)
+        if not trim:
+            assert plan.verify_step_ms is None
+            assert sum(lens) == min(plan.verify_budget, K * drafting)
+            continue
+        rows = sum(len(q.token_ids) or 1 for q in plan.seqs)
+        depth = min(K, plan.verify_budget)
+        assert plan.verify_step_ms == [prof.step(rows + u, drafting, depth)
+                                       for u in range(plan.verify_budget + 1)]
+    if trim:
+        assert sum(1 for plan, lens in budgeted if sum(lens) == 0) > 5
+        assert any(sum(lens) == plan.verify_budget for plan, lens in budgeted)

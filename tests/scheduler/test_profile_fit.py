@@ -126,13 +126,17 @@ def test_a_profile_that_makes_rows_look_free_is_corrected():
     # Steps really cost 1 ms + 2 ms per row: four anchors commit 4 tokens in
     # 9 ms, and a draft (expected 0.3 tokens or less) never pays for its 2 ms.
     # After the refit nothing is drafted but in the exploration steps (one
-    # request's K, every 4th step)
+    # request's window of 1, 2, 4 or K drafts in turn, every 4th step)
     s, w = _run(SpsProfile(rows=(1, 8, 32), forward_ms=(30.0, 30.0, 30.0)))
     assert isinstance(s.sps_profile, OnlineProfile) and s.sps_profile.num_observed > 0
     assert [lens for lens in w.lens if lens][0] == [K] * 4  # at first: every draft
-    tail = w.lens[-40:]  # (a step that drafts nothing verifies nothing: lens [])
-    assert all(lens in ([], [K]) for lens in tail)
-    assert 9 <= sum(1 for lens in tail if lens == [K]) <= 10  # exploration only
+    # (a step that drafts nothing verifies nothing: lens []); the last steps, where
+    # one request is left (a point of the profile seldom observed), aside
+    tail = w.lens[-48:-8]
+    assert all(lens in ([], [1], [2], [4], [K]) for lens in tail)
+    explored = [lens[0] for lens in tail if lens]
+    assert 9 <= len(explored) <= 10  # exploration only
+    assert set(explored) == {1, 2, 4, K}  # every window in turn
     assert s.sps_profile.forward(32) / s.sps_profile.forward(1) > 4
     assert s.num_explore_steps > 10
 
@@ -186,3 +190,13 @@ def test_each_observed_step_carries_the_depth_the_worker_drafted():
             assert depth == max(1, min(max(ks), plan.verify_budget))
             depths.add(depth)
     assert len(depths) > 1, depths  # shallow and deeper drafts both happened
+
+
+def test_exploration_windows_cycle_up_to_k():
+    from dspark.scheduler.core.speculation import explore_windows
+
+    assert explore_windows(7) == (1, 2, 4, 7)
+    assert explore_windows(8) == (1, 2, 4, 8)
+    assert explore_windows(4) == (1, 2, 4)
+    assert explore_windows(3) == (1, 2, 3)
+    assert explore_windows(1) == (1,)

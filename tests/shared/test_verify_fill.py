@@ -70,3 +70,37 @@ def test_random_fill_matches_a_brute_force_top_v(seed):
     for _, j, r in cands:
         want[r] += 1
     assert lens == want
+
+
+def test_step_times_trim_the_fill_to_the_rows_that_pay():
+    """With the step's expected time for 0..V verified rows, the fill keeps a
+    prefix of the ranked candidates while (tokens without drafts + sum of a) /
+    time rises: free rows keep everything, dear ones nothing."""
+    conf = [[0.9, 0.9, 0.1], [0.5, 0.99]]  # ranked a: .9, .81, .5, .495, .081
+    ms = lambda per_row: [10.0 + per_row * v for v in range(6)]  # noqa: E731
+    assert fill_verify_budget(conf, 5, ms(0.0), base_tokens=2) == [3, 2]
+    # 1 ms a row: 2.9/11, 3.71/12, 4.21/13, 4.705/14 rise; 4.786/15 does not
+    assert fill_verify_budget(conf, 5, ms(1.0), base_tokens=2) == [2, 2]
+    # 3 ms a row: 2.9/13, 3.71/16 rise; 4.21/19 does not
+    assert fill_verify_budget(conf, 5, ms(3.0), base_tokens=2) == [2, 0]
+    assert fill_verify_budget(conf, 5, ms(5.0), base_tokens=2) == [0, 0]
+    # never more than the budget, trimmed or not
+    assert fill_verify_budget(conf, 2, ms(0.0)[:3], base_tokens=2) == [2, 0]
+
+
+def test_the_trim_stops_at_the_first_candidate_that_does_not_pay():
+    """The early stop of DSPARK.md 4.3: a later candidate that would raise the rate
+    again is not looked at (whether a draft is verified may depend only on the
+    candidates ranked before it, never on the drafts after it)."""
+    # a = .15, .14: 1.15 / 12 < 1 / 10 stops, though 1.29 / 12.1 > 1 / 10
+    assert fill_verify_budget([[0.15, 0.14 / 0.15]], 2, [10.0, 12.0, 12.1], 1) == [0]
+    assert fill_verify_budget([[0.15, 0.14 / 0.15]], 2, None, 1) == [2]
+
+
+def test_bad_step_times_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"verify_step_ms has 2 entries, must have "
+                                         r"verify_budget \+ 1 = 4"):
+        fill_verify_budget([[0.5, 0.5, 0.5]], 3, [1.0, 2.0], 1)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="verify_step_ms must be finite and > 0"):
+            fill_verify_budget([[0.5]], 1, [10.0, bad], 1)

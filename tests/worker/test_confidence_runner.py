@@ -108,7 +108,7 @@ def test_budgeted_step_verifies_the_top_candidates(runners):
     for budget in (0, 2, 5, 30):
         plan = core.schedule()
         assert all(s.num_speculative_tokens == K for s in plan.seqs)
-        plan = replace(plan, verify_budget=budget)
+        plan = replace(plan, verify_budget=budget, verify_step_ms=None)  # fill it all
         out = rc.step(plan)
         confs = [o.confidences for o in out.outputs]
         assert all(len(c) == min(K, max(1, budget)) for c in confs)
@@ -121,6 +121,40 @@ def test_budgeted_step_verifies_the_top_candidates(runners):
     for rid, _, _ in items:
         core.abort(rid)
         rc.release([rid])
+    assert core.load()["free_kv_blocks"] == core.allocator.num_total
+
+
+def test_the_worker_trims_the_fill_by_the_step_times(runners):
+    """With the step's expected times (StepPlan.verify_step_ms) the worker verifies
+    the fill's prefix that the current confidences pay for: every row when rows are
+    free, none when they are dear; a list of the wrong length is refused."""
+    _, rc = runners
+    eng = engine(rc)
+    list(eng.generate([]))
+    core = eng.core
+    for i, p in enumerate(prompts(3, seed=6)):
+        core.add_request(f"t{i}", p, SamplingParams(max_tokens=20, ignore_eos=True))
+    plan = core.schedule()  # prefills
+    core.update_from_output(plan, rc.step(plan))
+    budget = 5
+    for per_row, want in ((0.0, "fill"), (1e6, "none")):
+        plan = replace(core.schedule(), verify_budget=budget,
+                       verify_step_ms=[10.0 + per_row * v for v in range(budget + 1)])
+        out = rc.step(plan)
+        lens = [len(o.draft_tokens) for o in out.outputs]
+        if want == "fill":
+            assert lens == fill_verify_budget([o.confidences for o in out.outputs], budget)
+            assert sum(lens) == budget
+        else:
+            assert lens == [0, 0, 0]
+            assert all(len(o.target_tokens) == 1 for o in out.outputs)
+        core.update_from_output(plan, out)
+    plan = replace(core.schedule(), verify_budget=budget, verify_step_ms=[10.0] * budget)
+    with pytest.raises(ValueError, match="verify_step_ms has 5 entries"):
+        rc.step(plan)
+    for i in range(3):
+        core.abort(f"t{i}")
+    rc.release([f"t{i}" for i in range(3)])
     assert core.load()["free_kv_blocks"] == core.allocator.num_total
 
 

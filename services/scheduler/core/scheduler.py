@@ -201,12 +201,13 @@ class Scheduler(SpeculationMixin):
             seqs += self._admit_waiting(step_id, budget)
         if not seqs:
             return None
-        verify_budget = None
+        verify_budget = step_ms = None
         if self.confidence_scheduled:  # drafts take what the rows left of the budget
             left = self.config.max_num_batched_tokens - sum(
                 len(s.token_ids) or 1 for s in seqs)
-            verify_budget = self._size_verification(seqs, left)
-        return StepPlan(step_id=step_id, seqs=seqs, verify_budget=verify_budget)
+            verify_budget, step_ms = self._size_verification(seqs, left)
+        return StepPlan(step_id=step_id, seqs=seqs, verify_budget=verify_budget,
+                        verify_step_ms=step_ms)
 
     def _waits_for_inflight(self) -> bool:
         """Async scheduling pipelines the requests whose next step can be planned
