@@ -56,5 +56,7 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly(default_model_dir, tmp_
         for name in ("router", "scheduler-0", "worker-0"):  # each stopped gracefully
             assert '"event": "stopped"' in (tmp_path / f"{name}.log").read_text(), name
     finally:
-        if p.poll() is None:
+        if p.poll() is None:  # a failed test: the services go with serve, not orphaned
+            for child in psutil.Process(p.pid).children(recursive=True):
+                child.kill()
             p.kill()
