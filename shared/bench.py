@@ -155,7 +155,7 @@ def bench_services(prompts, args, log_dir: Path, hf: "HFBaseline") -> dict:
                      "--gguf-weights", args.gguf_weights] + _spec_flag(k, verify)
             if k and args.drafter:
                 wargs += ["--drafter", args.drafter]
-            async_ = colocated_async_default("cpu")  # what `dspark serve` runs
+            async_ = colocated_async_default("cpu", k)  # what `dspark serve` runs
             clusters[name] = start_cluster(worker_args=wargs, log_dir=log_dir / name,
                                            scheduler_args=["--async-scheduling" if async_
                                                            else "--no-async-scheduling"],

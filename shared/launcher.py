@@ -155,19 +155,37 @@ def start_cluster(*, replicas: int = 1, host: str = "127.0.0.1", router_port: in
         raise
 
 
-def colocated_async_default(device: str) -> bool:
+def colocated_async_default(device: str, num_speculative_tokens: int | None = None) -> bool:
     """Async scheduling for a scheduler on the same machine as its worker.
 
     Async dispatch overlaps the scheduler's per-step work with the worker's
     forward. A CPU worker computes on every core, so on one machine that
     overlap takes a core from the forward (its OpenMP team then waits at each
     barrier): on the 2-core VM, 8 concurrent requests of the confidence-scheduled
-    K = 7 deployment ran at 125.5 tok/s async against 150.2 sync. So `dspark
-    serve` and `dspark bench` schedule synchronously for a CPU worker unless
-    told otherwise (--async-scheduling); a GPU/NPU worker, or a scheduler on its
-    own machine (`dspark scheduler`, Kubernetes), keeps async, the config's
+    K = 7 deployment ran at 125.5 tok/s async against 150.2 sync (later, on the
+    2-core AVX2 VM: 155.6 against 162.1, and 67.5 against 67.6 at batch 1). So
+    `dspark serve` and `dspark bench` schedule a speculating CPU worker
+    synchronously unless told otherwise (--async-scheduling). A K = 0 worker
+    (``num_speculative_tokens`` 0) is scheduled asynchronously: its steps' work
+    in the scheduler is light, and without pipelining each step waits a round
+    trip (2-core AVX2 VM: 63.2 tok/s async against 55.7 at batch 1, 165.2
+    against 143.8 at 8 concurrent). A GPU/NPU worker, or a scheduler on its own
+    machine (`dspark scheduler`, Kubernetes), keeps async, the config's
     default. Output is identical either way."""
-    return device != "cpu"
+    return device != "cpu" or num_speculative_tokens == 0
+
+
+def _spec_tokens(text: str | None) -> int | None:
+    """K of an explicit speculative config; None for "auto" / unset / invalid (the
+    worker reports an invalid one)."""
+    from dspark.shared.config import parse_speculative_config
+
+    if not text or text == "auto":
+        return None
+    try:
+        return parse_speculative_config(text)[0]
+    except ValueError:
+        return None
 
 
 def worker_flags(args) -> list[str]:
@@ -205,7 +223,8 @@ def serve_all(args) -> int:
         sargs += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     async_ = getattr(args, "async_scheduling", None)
     if async_ is None:
-        async_ = colocated_async_default(getattr(args, "device", None) or "cpu")
+        async_ = colocated_async_default(getattr(args, "device", None) or "cpu",
+                                         _spec_tokens(getattr(args, "speculative_config", None)))
     sargs += ["--async-scheduling" if async_ else "--no-async-scheduling"]
     # Prepare the default model once here, not in each worker.
     if not getattr(args, "model", None):

@@ -414,8 +414,8 @@ class ModelRunner:
         return replace(s, token_ids=[tok], start_position=pos, deferred_anchor=False)
 
     def _remember(self, s: SeqStep, out: SeqOutput) -> None:
-        if s.lease_id < 0:
-            return
+        """What a deferred next step of the request resolves its anchor from (every
+        sampling request: with or without a lease, async scheduling defers it)."""
         if s.num_speculative_tokens:
             a = s.start_position
             k = len(out.draft_tokens)

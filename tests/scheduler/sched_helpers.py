@@ -9,6 +9,8 @@ preempted and recomputed must reproduce the tokens of an undisturbed run.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dspark.scheduler.core import Scheduler
 from dspark.shared.config import SchedulerConfig
 from dspark.shared.types import (FinishReason, SamplingParams, SeqOutput, StepOutput,
@@ -67,6 +69,8 @@ class FakeWorker:
         self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
         self.token_fn = token_fn
         self.steps = 0
+        self.deferred = 0  # deferred anchors resolved (async scheduling)
+        self.last: dict[str, tuple[int, int]] = {}  # request -> (sampled token, its position)
 
     def step(self, plan: StepPlan) -> StepOutput:
         self.steps += 1
@@ -74,6 +78,16 @@ class FakeWorker:
         for seq in plan.seqs:  # no block may be in two tables of one step
             assert not seen & set(seq.block_ids), f"block shared in step {plan.step_id}"
             seen |= set(seq.block_ids)
+        deferred = set()
+        seqs = []
+        for seq in plan.seqs:  # async: the anchor is this worker's own last sample
+            if seq.deferred_anchor:
+                tok, pos = self.last[seq.request_id]
+                seq = replace(seq, token_ids=[tok], start_position=pos, deferred_anchor=False)
+                deferred.add(seq.request_id)
+                self.deferred += 1
+            seqs.append(seq)
+        plan = replace(plan, seqs=seqs)
         for seq in plan.seqs:  # write every row first, like a batched forward
             for i, tok in enumerate(seq.token_ids):
                 pos = seq.start_position + i
@@ -86,7 +100,11 @@ class FakeWorker:
                 ctx = [self.kv[seq.block_ids[p // self.bs]][p % self.bs] for p in range(end)]
                 assert None not in ctx
                 tok = self.token_fn(ctx, seq.seed)
-            outs.append(SeqOutput(request_id=seq.request_id, token_id=tok))
+                self.last[seq.request_id] = (tok, end)
+            out = SeqOutput(request_id=seq.request_id, token_id=tok)
+            if seq.request_id in deferred:
+                out.anchor_token, out.anchor_position = seq.token_ids[0], seq.start_position
+            outs.append(out)
         return StepOutput(step_id=plan.step_id, outputs=outs)
 
 

@@ -30,6 +30,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.delay_s = delay_s
         self.steps = 0
         self.released: list[str] = []
+        self.last: dict[str, tuple[int, int]] = {}  # request -> (sampled token, position)
 
     async def Info(self, request, context):
         return pb.info_to_pb(INFO)
@@ -39,10 +40,19 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         await asyncio.sleep(self.delay_s)
         outs = []
         for s in request.seqs:
-            end = s.start_position + len(s.token_ids)
+            start, n = s.start_position, len(s.token_ids)
+            anchor = {}
+            if s.deferred_anchor:  # async: the anchor is this worker's own last sample
+                tok, start = self.last[s.request_id]
+                n = 1
+                anchor = dict(anchor_token=tok, anchor_position=start)
+            end = start + n
             assert len(s.block_ids) * INFO.block_size >= end
+            if s.sample:
+                self.last[s.request_id] = (token_at(end), end)
             outs.append(worker_pb2.SeqOutput(request_id=s.request_id,
-                                             token_id=token_at(end) if s.sample else -1))
+                                             token_id=token_at(end) if s.sample else -1,
+                                             **anchor))
         return worker_pb2.StepResponse(step_id=request.step_id, outputs=outs)
 
     async def Release(self, request, context):

@@ -40,12 +40,31 @@ def test_budget_and_max_num_seqs():
 
 def test_nothing_to_run_returns_none():
     sched = create_scheduler()
+    sched.config.async_scheduling = False
     assert sched.schedule() is None and not sched.has_unfinished()
     sched.add_request("a", [5, 6], sampling())
     plan = sched.schedule()
     assert sched.schedule() is None  # its sample is in flight
     sched.update_from_output(plan, _outputs_for(plan, {"a": 9}))
     assert sched.schedule() is not None
+
+
+def test_async_defers_a_plain_request_once_while_its_sample_is_in_flight():
+    """Async scheduling, no drafter: the next step of a request whose sample is in
+    flight is planned at once with its anchor left to the worker (one position
+    further, a block reserved for it); a third plan waits for the first result."""
+    sched = create_scheduler(block_size=4)
+    assert sched.config.async_scheduling
+    sched.add_request("a", [5, 6, 7, 8], sampling(max_tokens=5))
+    first = sched.schedule()
+    nxt = sched.schedule()
+    (seq,) = nxt.seqs
+    assert seq.deferred_anchor and seq.token_ids == [] and seq.start_position == 3
+    assert seq.num_speculative_tokens == 0 and seq.lease_id < 0
+    assert len(seq.block_ids) == 2  # position 4 (the next anchor) is in the second block
+    assert sched.schedule() is None  # both in flight: nothing more to plan
+    sched.update_from_output(first, _outputs_for(first, {"a": 9}))
+    assert sched.get_request("a").output_token_ids == [9]
 
 
 def test_chunked_prefill_positions_block_tables_and_terminal_sample():
@@ -405,11 +424,11 @@ def test_core_imports_no_torch_or_grpc():
 
 
 def test_async_plain_decoding_keeps_the_batch_whole():
-    """Async scheduling with plain (K = 0) requests: their next token cannot be
-    planned before the in-flight step returns, so the next step waits for it
-    instead of running the others alone. Requests that arrived at different
-    times still decode together, one step per token, and the outputs are the
-    unbatched reference."""
+    """Async scheduling with plain (K = 0) requests: each one's next step is
+    planned while its step is in flight, its anchor left to the worker (the token
+    it sampled), so steps run back to back. Requests that arrived at different
+    times still decode together, one step per token, every step after the first
+    carries deferred anchors, and the outputs are the unbatched reference."""
     from collections import deque
 
     sched = create_scheduler(num_blocks=64, budget=64)
@@ -440,5 +459,7 @@ def test_async_plain_decoding_keeps_the_batch_whole():
     for rid, prompt in prompts.items():
         assert results[rid] == reference(prompt, sp)[0]
     # once all four run, every step carries all four (no halves taking turns)
-    assert sizes.count(4) >= 10 and max(sizes) == 4
+    assert sizes.count(4) >= 8 and max(sizes) == 4
     assert len(sizes) <= 12 + 4, sizes
+    assert worker.deferred >= 4 * 8  # pipelined: the anchors were the worker's own
+    assert sched.allocator.num_free == sched.allocator.num_total  # reservations back

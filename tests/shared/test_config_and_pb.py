@@ -90,6 +90,21 @@ def test_serve_passes_worker_options_through():
     assert (cfg.dtype, cfg.num_kv_blocks, cfg.tap_layer_ids) == ("float32", 128, (4, 9))
 
 
+def test_colocated_scheduling_is_async_for_k0_and_off_cpu():
+    """`dspark serve` / `dspark bench`: a CPU worker is scheduled synchronously
+    while it speculates (or may: "auto"), asynchronously with K = 0 and on a
+    GPU / NPU."""
+    from dspark.shared.launcher import _spec_tokens, colocated_async_default
+
+    k0 = '{"method": "dspark", "num_speculative_tokens": 0}'
+    k7 = '{"method": "dspark", "num_speculative_tokens": 7, "verify": "confidence"}'
+    assert [_spec_tokens(t) for t in (k0, k7, "auto", None, "{bad")] == [0, 7, None, None, None]
+    assert colocated_async_default("cpu", 0)
+    assert not colocated_async_default("cpu", 7)
+    assert not colocated_async_default("cpu")  # "auto": the shipped drafter, K = 7
+    assert colocated_async_default("cuda", 7) and colocated_async_default("npu")
+
+
 def test_speculative_config_verify_policy():
     import json
 

@@ -408,3 +408,36 @@ def test_plain_worker_captures_tap_rows_only_when_asked(runner, monkeypatch):
     assert outs[False].num_tap_rows == 0 and outs[False].tap_rows is None
     assert outs[True].num_tap_rows == 9
     assert outs[False].token_id == outs[True].token_id
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_async_k0_pipelines_plain_requests_with_the_same_output(tiny_model_dir, temperature):
+    """Async scheduling without a drafter: each request's next step is planned
+    while its step runs, the anchor resolved by the worker from the token it
+    sampled; greedy and seeded sampled outputs equal sync scheduling's, and every
+    block comes back."""
+    import json
+
+    from dspark.shared.types import SamplingParams
+    from dspark.worker.training.engine import OfflineEngine
+
+    cfg = WorkerConfig(model=str(tiny_model_dir), dtype="float32", num_kv_blocks=96,
+                       block_size=8, tap_layer_ids=(0, 1),
+                       speculative_config=json.dumps({"method": "dspark",
+                                                      "num_speculative_tokens": 0}))
+    r = ModelRunner(cfg)
+    prompts = [[(7 * j + i) % 90 + 3 for j in range(5 + 3 * i)] for i in range(4)]
+    items = [(f"r{i}", p, SamplingParams(max_tokens=14 + i, temperature=temperature, seed=i,
+                                         ignore_eos=True)) for i, p in enumerate(prompts)]
+    deferred = []
+    step = r.step
+    r.step = lambda plan: deferred.append(sum(s.deferred_anchor for s in plan.seqs)) or step(plan)
+    outs = {}
+    for async_ in (False, True):
+        deferred.clear()
+        eng = OfflineEngine(r, max_num_seqs=4, max_num_batched_tokens=64, async_scheduling=async_)
+        outs[async_] = {rid: ids for rid, ids, _ in eng.generate(items)}
+        assert eng.core.load()["free_kv_blocks"] == 96
+        assert (sum(deferred) > 30) == async_  # sync: never deferred
+    assert outs[True] == outs[False]
+    assert all(len(v) == 14 + i for i, v in enumerate(outs[False].values()))

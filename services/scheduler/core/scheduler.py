@@ -187,11 +187,9 @@ class Scheduler(SpeculationMixin):
 
     @_locked
     def schedule(self) -> StepPlan | None:
-        """Plan the next step; None when no request has anything to compute (or,
-        with async scheduling, when the next step should wait for the one in
-        flight: ``_waits_for_inflight``)."""
-        if self.config.async_scheduling and self._waits_for_inflight():
-            return None
+        """Plan the next step; None when no request has anything to compute (with
+        async scheduling: nothing that can be planned before the step in flight
+        returns, ``_defer``)."""
         budget = self.config.max_num_batched_tokens
         step_id = next(self._step_ids)
         self._cands = []
@@ -208,18 +206,6 @@ class Scheduler(SpeculationMixin):
             verify_budget, step_ms = self._size_verification(seqs, left)
         return StepPlan(step_id=step_id, seqs=seqs, verify_budget=verify_budget,
                         verify_step_ms=step_ms)
-
-    def _waits_for_inflight(self) -> bool:
-        """Async scheduling pipelines the requests whose next step can be planned
-        before their in-flight one returns (speculating ones, with a lease:
-        ``_defer``). A plain decoding request (no lease: every request of a K = 0
-        deployment) cannot be, and planning the next step without it would split
-        the batch into two halves taking turns, each request decoding every other
-        step at about the cost of a full one (measured: half the tokens/s at 8
-        concurrent requests). So while such a request's sample is in flight the
-        next step waits for it, and the batch stays whole."""
-        return any(req.num_uncomputed_tokens <= 0 and req.lease_id < 0
-                   for req in self._running)
 
     def _schedule_running(self, step_id: int, budget: int) -> tuple[list[SeqStep], int, bool]:
         """Serve running requests oldest first; may preempt the youngest for blocks."""

@@ -115,27 +115,31 @@ class SpeculationMixin:
         return self._reserve_drafts(req, req.num_tokens - 1, min(self.num_spec, budget - 1))
 
     def _defer(self, step_id: int, req: Request, budget: int) -> SeqStep | None:
-        """Async: plan the next step of a speculating request (one with a lease)
-        whose step is still in flight. Its anchor lands somewhere in [P+1, P+k+1]
-        (P, k: the in-flight step's last row position and its drafts; k = 0 for a
-        plain step, whose anchor is exactly P+1), so KV is reserved for the
-        optimistic worst case P + k + 1 + K (confidence mode: the anchor now, drafts
-        when the step's budget is sized); the commit gives back what acceptance did
-        not use. A plain in-flight step is deferred too: under confidence-scheduled
+        """Async: plan the next step of a decoding request whose step is still in
+        flight. Its anchor lands somewhere in [P+1, P+k+1] (P, k: the in-flight
+        step's last row position and its drafts; k = 0 for a plain step, whose
+        anchor is exactly P+1), so KV is reserved for the optimistic worst case
+        P + k + 1 + K (confidence mode: the anchor now, drafts when the step's
+        budget is sized); the commit gives back what acceptance did not use. A
+        plain in-flight step is deferred too: under confidence-scheduled
         verification most steps are plain, and leaving them out would split the
-        batch into two halves taking turns. Returns None (no deferral) when it could
-        finish in flight, could pass the position ceiling, or blocks are short: it
-        then waits, as in sync mode."""
-        if req.deferred_step is not None or req.lease_id < 0:
+        batch into two halves taking turns. A request without a lease (every
+        request of a K = 0 deployment) is deferred as a plain step: the worker
+        resolves its anchor from the token it sampled, so its steps run back to
+        back instead of waiting a round trip each. Returns None (no deferral)
+        when it could finish in flight, could pass the position ceiling, or
+        blocks are short: it then waits, as in sync mode."""
+        if req.deferred_step is not None:
             return None
+        plain = req.lease_id < 0  # no drafter: one token a step
         k_prev = req.pending_spec_k
         p_prev = req.num_tokens - 1  # the in-flight step's anchor position
         sp = req.sampling
         if sp.max_tokens - req.num_output_tokens <= k_prev + 1:
             return None  # may finish in flight: nothing to gain
-        k = min(self.num_spec, budget - 1)
+        k = 0 if plain else min(self.num_spec, budget - 1)
         last = p_prev + k_prev + 1 + k  # the furthest verify row the step may write
-        if last >= min(self.max_model_len, self._max_len) or k <= 0:
+        if last >= min(self.max_model_len, self._max_len) or (k <= 0 and not plain):
             return None
         if self.confidence_scheduled:
             k = 0  # drafts: _size_verification
@@ -149,7 +153,7 @@ class SpeculationMixin:
                       temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
                       seed=sp.seed, lease_id=req.lease_id, num_speculative_tokens=k,
                       deferred_anchor=True)
-        if self.confidence_scheduled:
+        if self.confidence_scheduled and not plain:
             self._cands.append((seq, req, p_prev + k_prev + 1))
         return seq
 
