@@ -33,16 +33,12 @@ def cumulative(confidences: Sequence[float]) -> list[float]:
     return out
 
 
-def _ranked(confidences: Sequence[Sequence[float]]) -> list[tuple[float, int, int]]:
-    """(-a, j, r) for every candidate with a > 0, best first."""
-    cands = []
-    for r, cs in enumerate(confidences):
-        for j, a in enumerate(cumulative(cs), start=1):
-            if a <= 0.0:
-                break
-            cands.append((-a, j, r))
-    cands.sort()
-    return cands
+def ranked(cumulatives: Sequence[Sequence[float]]) -> list[tuple[float, int, int]]:
+    """(-a, j, r) for every candidate with a_{r,j} > 0 (per request r its
+    non-increasing a_{r,1..K}), best first: ties to the smaller j, then the
+    earlier request. The scheduler's budget walk and the worker's fill share it."""
+    return sorted((-a, j, r) for r, cs in enumerate(cumulatives)
+                  for j, a in enumerate(cs, start=1) if a > 0.0)
 
 
 def fill_verify_budget(confidences: Sequence[Sequence[float]], budget: int,
@@ -60,7 +56,7 @@ def fill_verify_budget(confidences: Sequence[Sequence[float]], budget: int,
     and stopping at the first that does not (the early stop: whether a draft is
     verified then depends only on the candidates ranked before it, never on a
     later draft, so acceptance stays lossless)."""
-    cands = _ranked(confidences)[:max(budget, 0)]
+    cands = ranked([cumulative(cs) for cs in confidences])[:max(budget, 0)]
     if step_ms is not None:
         if len(step_ms) != max(budget, 0) + 1:
             raise ValueError(f"verify_step_ms has {len(step_ms)} entries, must have "

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dspark.shared.types import SpsProfile
-from dspark.shared.verify_fill import cumulative
+from dspark.shared.verify_fill import cumulative, ranked
 
 # Conditional acceptance assumed per position before the replica has verified
 # anything, and its weight in pseudo-steps (a weak prior: real counts take over).
@@ -55,7 +55,7 @@ def size_verify_budget(profile: SpsProfile, base_rows: int, base_tokens: int,
         confidences a_{r,1..K} (non-increasing, in [0, 1]).
       max_budget: the most draft rows the step may take (token budget, K per request).
     """
-    cands = _ranked(candidates)[:max(0, max_budget)]
+    cands = ranked(candidates)[:max(0, max_budget)]
     if not cands:
         return 0
     k_max = max(len(cs) for cs in candidates)
@@ -74,13 +74,7 @@ def size_verify_budget(profile: SpsProfile, base_rows: int, base_tokens: int,
 def choose_drafters(candidates: Sequence[Sequence[float]], v: int) -> set[int]:
     """The requests (indices into ``candidates``) with a candidate among the top v:
     the ones that draft this step."""
-    return {r for _, _, r in _ranked(candidates)[:max(0, v)]}
-
-
-def _ranked(candidates: Sequence[Sequence[float]]) -> list[tuple[float, int, int]]:
-    """(-a, j, r) for every candidate with a > 0, best first (ties: smaller j, then r)."""
-    return sorted((-a, j, r) for r, cs in enumerate(candidates)
-                  for j, a in enumerate(cs, start=1) if a > 0.0)
+    return {r for _, _, r in ranked(candidates)[:max(0, v)]}
 
 
 def running_cumulative(accepted_per_pos: Sequence[int], verified_per_pos: Sequence[int],
